@@ -60,7 +60,7 @@ class StepView:
         "tp_rank",
         "tp_size",
         "_seq_len_max",
-        "_seq_len_max_source",
+        "_seq_lens",
     )
 
     def __init__(
@@ -86,14 +86,22 @@ class StepView:
         self.tp_rank = tp_rank
         self.tp_size = tp_size
         self._seq_len_max = seq_len_max
-        self._seq_len_max_source: Callable[[], int] | None = None
+        self._seq_lens: Any = None
 
     @property
     def seq_len_max(self) -> int:
-        """Longest sequence in the batch (computed lazily, then cached)."""
+        """Longest sequence in the batch (computed on first access, then cached).
+
+        The adapters hand over the batch's CPU sequence lengths (a CPU tensor or
+        a list) without copying; the maximum is only computed if a policy asks.
+        """
         if self._seq_len_max is None:
-            source = self._seq_len_max_source
-            self._seq_len_max = int(source()) if source is not None else 0
+            lens = self._seq_lens
+            if lens is None or len(lens) == 0:
+                self._seq_len_max = 0
+            else:
+                fast_max = getattr(lens, "max", None)
+                self._seq_len_max = int(fast_max() if fast_max else max(lens))
         return self._seq_len_max
 
     def update(
@@ -102,14 +110,18 @@ class StepView:
         batch_size: int,
         step: int,
         seq_len_sum: int,
-        seq_len_max_source: Callable[[], int] | None,
+        seq_lens: Any = None,
     ) -> StepView:
-        """Refill this view for the next step (used by the adapters)."""
+        """Refill this view for the next step (used by the adapters).
+
+        ``seq_lens``: the batch's per-request lengths on the CPU (sized and
+        supporting ``max()``), or None when not known.
+        """
         self.batch_size = batch_size
         self.step = step
         self.seq_len_sum = seq_len_sum
         self._seq_len_max = None
-        self._seq_len_max_source = seq_len_max_source
+        self._seq_lens = seq_lens
         return self
 
     def __repr__(self) -> str:

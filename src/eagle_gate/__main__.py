@@ -1,0 +1,3 @@
+from eagle_gate.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,220 @@
+"""Where the gate's settings come from, and in which order they win.
+
+Sources, highest precedence first:
+
+1. command line: ``--gate-policy NAME``, ``--gate-set KEY=VALUE`` (repeatable),
+   ``--gate-config FILE.toml``, ``--gate-status-dir DIR``;
+2. environment: ``EAGLE_GATE_POLICY``, ``EAGLE_GATE_SET`` ("k=v,k2=v2"),
+   ``EAGLE_GATE_CONFIG``, ``EAGLE_GATE_STATUS_DIR``;
+3. the TOML config file (from 1 or 2)::
+
+       policy = "threshold"
+       status_dir = "/run/eagle_gate"
+
+       [settings]
+       plain_above = 16
+
+4. the policy's own defaults (default policy: ``threshold``).
+
+Settings merge key by key: a key given on the command line overrides the same
+key from the environment, which overrides the file. The launcher resolves and
+validates everything once, before any model loads, and hands the result to
+SGLang's processes in ``EAGLE_GATE_RESOLVED`` (JSON), so every process runs
+exactly the configuration that was validated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagle_gate.plugins import get_policy_factory
+from eagle_gate.settings import SettingsError, validate_settings
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "ENV_CONFIG",
+    "ENV_POLICY",
+    "ENV_RESOLVED",
+    "ENV_SET",
+    "ENV_STATUS_DIR",
+    "ConfigError",
+    "GateConfig",
+    "resolve_config",
+    "config_from_environment",
+    "gate_requested",
+]
+
+DEFAULT_POLICY = "threshold"
+ENV_POLICY = "EAGLE_GATE_POLICY"
+ENV_SET = "EAGLE_GATE_SET"
+ENV_CONFIG = "EAGLE_GATE_CONFIG"
+ENV_STATUS_DIR = "EAGLE_GATE_STATUS_DIR"
+ENV_RESOLVED = "EAGLE_GATE_RESOLVED"
+#: turns the gate on with all defaults (0.5.23's stock launcher path).
+ENV_ENABLE = "EAGLE_GATE_ENABLE"
+
+_FILE_KEYS = {"policy", "settings", "status_dir"}
+
+
+class ConfigError(ValueError):
+    """The gate's configuration is invalid; the message says what and where."""
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """A resolved, validated gate configuration."""
+
+    policy: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    status_dir: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "policy": self.policy,
+                "settings": self.settings,
+                "status_dir": self.status_dir,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> GateConfig:
+        try:
+            data = json.loads(text)
+            return cls(
+                policy=str(data["policy"]),
+                settings=dict(data.get("settings") or {}),
+                status_dir=data.get("status_dir"),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{ENV_RESOLVED} is not valid: {exc}") from exc
+
+    def create_policy(self):
+        """Instantiate the configured policy (raises ConfigError if invalid)."""
+        factory = get_policy_factory(self.policy)
+        try:
+            return factory.create(**self.settings)
+        except SettingsError as exc:
+            raise ConfigError(f"policy {self.policy!r}: {exc}") from exc
+
+
+def parse_assignments(items: Sequence[str], source: str) -> dict[str, str]:
+    """Parse ``KEY=VALUE`` strings; ``source`` names where they came from."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(
+                f"{source}: {item!r} is not a KEY=VALUE assignment "
+                "(example: plain_above=16)"
+            )
+        out[key] = value.strip()
+    return out
+
+
+def _split_env_set(text: str) -> list[str]:
+    return [part for part in text.replace(";", ",").split(",") if part.strip()]
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a TOML config file, naming the file (and line) on any problem."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(p)!r} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {str(p)!r} cannot be read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib's message ends with "(at line L, column C)".
+        raise ConfigError(f"config file {str(p)!r} does not parse: {exc}") from None
+    unknown = sorted(set(data) - _FILE_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"config file {str(p)!r}: unknown key {unknown[0]!r}; "
+            f"allowed: {', '.join(sorted(_FILE_KEYS))}"
+        )
+    if "policy" in data and not isinstance(data["policy"], str):
+        raise ConfigError(
+            f"config file {str(p)!r}: 'policy' must be a string, got {data['policy']!r}"
+        )
+    if "settings" in data and not isinstance(data["settings"], dict):
+        raise ConfigError(
+            f"config file {str(p)!r}: [settings] must be a table of KEY = VALUE"
+        )
+    return data
+
+
+def resolve_config(
+    *,
+    cli_policy: str | None = None,
+    cli_sets: Sequence[str] = (),
+    cli_config: str | None = None,
+    cli_status_dir: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> GateConfig:
+    """Merge all sources by precedence and validate the result completely.
+
+    Validation includes constructing the policy once, so cross-setting checks
+    in a policy's constructor also fail here, before any model loads.
+    """
+    env = os.environ if environ is None else environ
+    config_path = cli_config or env.get(ENV_CONFIG) or None
+    file_data = load_config_file(config_path) if config_path else {}
+
+    policy = cli_policy or env.get(ENV_POLICY) or file_data.get("policy")
+    policy = policy or DEFAULT_POLICY
+    status_dir = (
+        cli_status_dir or env.get(ENV_STATUS_DIR) or file_data.get("status_dir")
+    )
+
+    raw: dict[str, Any] = dict(file_data.get("settings", {}))
+    raw.update(parse_assignments(_split_env_set(env.get(ENV_SET, "")), ENV_SET))
+    raw.update(parse_assignments(cli_sets, "--gate-set"))
+
+    try:
+        factory = get_policy_factory(policy)
+        values = validate_settings(policy, factory.settings, raw)
+    except (LookupError, SettingsError) as exc:
+        where = f" (config file {config_path!r})" if config_path else ""
+        raise ConfigError(f"{exc.args[0]}{where}") from None
+    config = GateConfig(policy=policy, settings=values, status_dir=status_dir)
+    config.create_policy()
+    return config
+
+
+def gate_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """True when the environment asks for the gate (stock-launcher path)."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_ENABLE, "").strip().lower() in {"0", "false", "no", "off"}:
+        return False
+    return any(
+        env.get(name)
+        for name in (ENV_RESOLVED, ENV_POLICY, ENV_CONFIG, ENV_SET, ENV_ENABLE)
+    )
+
+
+def config_from_environment(environ: Mapping[str, str] | None = None) -> GateConfig:
+    """The configuration a child process should run.
+
+    Prefers the launcher's validated ``EAGLE_GATE_RESOLVED``; without it (stock
+    ``sglang.launch_server`` on 0.5.23) resolves from the environment.
+    """
+    env = os.environ if environ is None else environ
+    resolved = env.get(ENV_RESOLVED)
+    if resolved:
+        return GateConfig.from_json(resolved)
+    return resolve_config(environ=env)

@@ -1,0 +1,187 @@
+"""``python -m eagle_gate.launch``: SGLang's server, with the gate in front.
+
+Every argument of ``python -m sglang.launch_server`` passes through unchanged;
+the gate's own flags (``--gate-*``) are taken out first. The gate's settings are
+resolved and validated before SGLang parses its arguments or loads a model, so
+a bad setting costs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from eagle_gate import adapters
+from eagle_gate.config import ENV_RESOLVED, ConfigError, GateConfig, resolve_config
+
+logger = logging.getLogger("eagle_gate")
+
+PROG = "python -m eagle_gate.launch"
+
+
+def add_gate_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup):
+    parser.add_argument(
+        "--gate-policy",
+        metavar="NAME",
+        help="policy deciding SPEC or PLAIN per decode batch (env EAGLE_GATE_POLICY;"
+        " default: threshold). Built-ins: always, never, threshold; plugins add more",
+    )
+    parser.add_argument(
+        "--gate-set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="a policy setting, repeatable (env EAGLE_GATE_SET='k=v,k2=v2')",
+    )
+    parser.add_argument(
+        "--gate-config",
+        metavar="FILE.toml",
+        help="TOML file with policy, [settings] and status_dir (env EAGLE_GATE_CONFIG)",
+    )
+    parser.add_argument(
+        "--gate-status-dir",
+        metavar="DIR",
+        help="where each scheduler process writes its gate status "
+        "(env EAGLE_GATE_STATUS_DIR; default $TMPDIR/eagle_gate-<server pid>)",
+    )
+    parser.add_argument(
+        "--gate-allow-untested-sglang",
+        action="store_true",
+        help="try the nearest adapter on an unsupported SGLang version, after "
+        "checking every patch target (env EAGLE_GATE_ALLOW_UNTESTED_SGLANG=1)",
+    )
+
+
+def split_argv(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Take the gate's flags out of ``argv``; return them and SGLang's argv."""
+    parser = argparse.ArgumentParser(prog=PROG, add_help=False, allow_abbrev=False)
+    add_gate_arguments(parser)
+    gate_args, rest = parser.parse_known_args(list(argv))
+    return gate_args, rest
+
+
+def print_help(adapter_available: bool) -> None:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="SGLang's HTTP server with eagle_gate deciding, before every "
+        "decode batch, between speculative (draft + verify) and plain decoding.",
+    )
+    sglang_group = parser.add_argument_group(
+        "SGLang server arguments (passed to SGLang unchanged)"
+    )
+    if adapter_available:
+        from sglang.srt.server_args import ServerArgs
+
+        ServerArgs.add_cli_args(sglang_group)
+    else:
+        sglang_group.description = "(SGLang is not importable here)"
+    add_gate_arguments(parser.add_argument_group("eagle_gate arguments"))
+    parser.print_help()
+
+
+def _speculation_requested(argv: Sequence[str]) -> bool:
+    for i, arg in enumerate(argv):
+        if arg.startswith("--speculative-algorithm="):
+            return arg.split("=", 1)[1].upper() not in {"", "NONE"}
+        if arg == "--speculative-algorithm" and i + 1 < len(argv):
+            return argv[i + 1].upper() not in {"", "NONE"}
+    return False
+
+
+def prepare(argv: Sequence[str], environ: dict | None = None):
+    """Everything up to SGLang's own argument parsing: adapter, config, env.
+
+    Returns ``(adapter, config, sglang_argv)``. Raises ConfigError,
+    adapters.UnsupportedSGLang on bad input.
+    """
+    env = os.environ if environ is None else environ
+    gate_args, rest = split_argv(argv)
+    allow = gate_args.gate_allow_untested_sglang or (
+        env.get(adapters.ENV_ALLOW_UNTESTED, "") == "1"
+    )
+    adapter = adapters.select_adapter(allow_untested=allow)
+    if allow:
+        env[adapters.ENV_ALLOW_UNTESTED] = "1"
+    config = resolve_config(
+        cli_policy=gate_args.gate_policy,
+        cli_sets=gate_args.gate_set,
+        cli_config=gate_args.gate_config,
+        cli_status_dir=gate_args.gate_status_dir,
+        environ=env,
+    )
+    env[ENV_RESOLVED] = config.to_json()
+    if adapter.NAME == "sglang-0.5.9" and _speculation_requested(rest):
+        if env.get("SGLANG_ENABLE_SPEC_V2") != "1":
+            logger.info(
+                "eagle_gate: speculation requested on SGLang 0.5.9: setting "
+                "SGLANG_ENABLE_SPEC_V2=1 (the gate patches the spec-v2 worker)"
+            )
+            env["SGLANG_ENABLE_SPEC_V2"] = "1"
+    plugins = env.get("SGLANG_PLUGINS")
+    if plugins and "eagle_gate" not in [p.strip() for p in plugins.split(",")]:
+        logger.info("eagle_gate: adding eagle_gate to SGLANG_PLUGINS=%s", plugins)
+        env["SGLANG_PLUGINS"] = plugins + ",eagle_gate"
+    return adapter, config, rest
+
+
+def _fail(message: str) -> int:
+    print(f"eagle_gate: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S"
+    )
+    if "-h" in argv or "--help" in argv:
+        try:
+            adapters.select_adapter(
+                allow_untested="--gate-allow-untested-sglang" in argv
+            )
+            available = True
+        except adapters.UnsupportedSGLang:
+            available = False
+        print_help(available)
+        return 0
+    try:
+        adapter, config, sglang_argv = prepare(argv)
+    except (ConfigError, adapters.UnsupportedSGLang) as exc:
+        return _fail(str(exc))
+    return run(adapter, config, sglang_argv)
+
+
+def run(adapter, config: GateConfig, sglang_argv: list[str]) -> int:
+    adapter._instrument()
+    if hasattr(adapter, "load_sglang_plugins"):
+        adapter.load_sglang_plugins()
+    from sglang.srt.server_args import prepare_server_args
+
+    server_args = prepare_server_args(sglang_argv)
+    try:
+        gated, state = adapter.check_server_args(server_args)
+    except adapters.GateRefused as exc:
+        return _fail(str(exc))
+    logger.info(
+        "eagle_gate launcher pid %d: SGLang %s, adapter %s, policy %r %s, %s",
+        os.getpid(),
+        adapter.SGLANG_VERSIONS[0],
+        adapter.NAME,
+        config.policy,
+        config.settings,
+        state,
+    )
+    from sglang.srt.utils import kill_process_tree
+
+    try:
+        adapter.serve(server_args)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

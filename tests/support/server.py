@@ -1,0 +1,270 @@
+"""Helpers for end-to-end tests that run a real SGLang server on CPU.
+
+``running_server`` starts a command in its own session, waits (bounded) for
+``GET /health`` to return 200, and on exit kills the whole process tree by PID
+(SGLang spawns a scheduler and a detokenizer process), checking that nothing is
+left behind. ``cpu_server_args`` / ``cpu_server_env`` hold the flags that make
+stock ``python -m sglang.launch_server`` serve a tiny model on a CPU-only host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+# Plugin names listed in SGLANG_PLUGINS are the only entry-point plugins SGLang
+# (0.5.23+) loads; a name no plugin has disables them all.
+NO_PLUGINS = "__none__"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_server_args(
+    model_dir: Path | str, port: int, *, python: str | None = None
+) -> list[str]:
+    """Command line for stock ``sglang.launch_server`` serving a tiny model on CPU.
+
+    ``python`` defaults to the interpreter running the tests.
+    """
+    return [
+        python or sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        # Without this the KV cache is sized from total RAM (15 GB seen).
+        "--mem-fraction-static",
+        "0.05",
+        # ... and 0.05 of RAM is still ~2M tokens (1 GB, 3 s to allocate).
+        "--max-total-tokens",
+        "65536",
+        "--attention-backend",
+        "torch_native",
+        "--sampling-backend",
+        "pytorch",
+        "--skip-server-warmup",
+        "--random-seed",
+        "0",
+        "--log-level",
+        "info",
+    ]
+
+
+def cpu_server_env(
+    *, plugins: str | None = None, torch_compile: bool = False, **extra: str
+) -> dict[str, str]:
+    """Environment for a CPU SGLang server: a copy of ``os.environ`` plus fixes.
+
+    ``plugins`` sets ``SGLANG_PLUGINS`` (comma-separated names; ``NO_PLUGINS``
+    turns entry-point plugins off); ``None`` leaves it as inherited.
+    ``torch_compile=False`` sets ``TORCHDYNAMO_DISABLE=1``: SGLang wraps a few
+    small index helpers in ``torch.compile``, and on CPU inductor builds them
+    with a C++ compiler on the first request (about 20 s on 2 cores, the
+    first ``/health`` times out meanwhile); eager mode gives the same results.
+    """
+    env = dict(os.environ)
+    env.update(
+        {
+            # Else rotary-embedding init looks for vllm / GPU kernels.
+            "SGLANG_USE_CPU_ENGINE": "1",
+            "CUDA_VISIBLE_DEVICES": "",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+    )
+    if not torch_compile:
+        env["TORCHDYNAMO_DISABLE"] = "1"
+    if plugins is not None:
+        env["SGLANG_PLUGINS"] = plugins
+    env.update(extra)
+    return env
+
+
+@dataclass
+class RunningServer:
+    pid: int
+    base_url: str
+    log_path: Path
+    startup_s: float = 0.0
+
+    def log_tail(self, n_chars: int = 4000) -> str:
+        return _tail(self.log_path, n_chars)
+
+
+def _tail(path: Path, n_chars: int = 4000) -> str:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        return f"<cannot read {path}: {e}>"
+    return data[-n_chars:].decode("utf-8", "replace")
+
+
+def _health_ok(base_url: str, timeout_s: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=timeout_s) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    """``pid`` and all its descendants, children first."""
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return []
+    try:
+        children = root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    return list(reversed(children)) + [root]
+
+
+def kill_tree(pid: int, grace_s: float = 10.0) -> list[str]:
+    """SIGTERM the tree of ``pid`` (children first), SIGKILL what outlives
+    ``grace_s``; return descriptions of processes still alive afterwards."""
+    procs = _tree(pid)
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    _, alive = psutil.wait_procs(alive, timeout=5.0)
+    return [f"{p.pid} {_describe(p)}" for p in alive]
+
+
+def _describe(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())[:200]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "?"
+
+
+@contextlib.contextmanager
+def running_server(
+    cmd: Sequence[str],
+    port: int,
+    env: dict[str, str],
+    log_path: Path,
+    ready_timeout_s: float = 240,
+    *,
+    grace_s: float = 10.0,
+) -> Iterator[RunningServer]:
+    """Run ``cmd`` (a server listening on 127.0.0.1:``port``) for a ``with`` block.
+
+    Output goes to ``log_path``. Raises ``RuntimeError`` with the log tail if the
+    process exits before it is healthy or ``ready_timeout_s`` passes. On exit the
+    whole process tree is killed and checked gone.
+    """
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    base_url = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            list(cmd),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    # Remember descendants as they appear, so orphans (re-parented to init when
+    # the launcher dies first) are still found and killed.
+    seen: dict[int, psutil.Process] = {}
+
+    def remember() -> None:
+        for p in _tree(proc.pid):
+            seen.setdefault(p.pid, p)
+
+    server = RunningServer(pid=proc.pid, base_url=base_url, log_path=log_path)
+    try:
+        deadline = t0 + ready_timeout_s
+        while True:
+            remember()
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with code {proc.returncode} before it was "
+                    f"healthy; log {log_path} ends:\n{_tail(log_path)}"
+                )
+            if _health_ok(base_url):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"server not healthy after {ready_timeout_s:.0f}s; "
+                    f"log {log_path} ends:\n{_tail(log_path)}"
+                )
+            time.sleep(0.5)
+        server.startup_s = time.monotonic() - t0
+        remember()
+        yield server
+    finally:
+        remember()
+        left = kill_tree(proc.pid, grace_s=grace_s)
+        # Orphans that left the tree: kill them by PID too (only ones we saw,
+        # and only if they are still the same process).
+        stray = []
+        for p in seen.values():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    stray.append(p)
+        for p in stray:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        _, still = psutil.wait_procs(stray, timeout=5.0)
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=5.0)
+        left += [f"{p.pid} {_describe(p)}" for p in still]
+        if left:
+            raise RuntimeError(f"processes left after stopping the server: {left}")
+
+
+def generate(
+    base_url: str, text: str, max_new_tokens: int, *, timeout_s: float = 120.0
+) -> dict:
+    """POST ``/generate`` with greedy sampling; return the decoded JSON reply."""
+    body = {
+        "text": text,
+        "sampling_params": {
+            "temperature": 0.0,
+            "max_new_tokens": max_new_tokens,
+        },
+    }
+    req = urllib.request.Request(
+        f"{base_url}/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return json.loads(r.read().decode())
