@@ -23,7 +23,8 @@ Exploration: the mode not being run gets no fresh measurements. Where a bucket
 has no estimate for a mode, or that estimate is older than its staleness
 horizon, the policy runs a short probe of the other mode (``probe_steps``
 steps). Probes are limited to ``max_explore_share`` of the decided steps (plus
-a small start credit of two probes for the cold start); a bucket's horizon
+a start credit of two probes for the cold start; unused budget is capped
+at four probes); a bucket's horizon
 doubles each time it is probed and resets when its decision flips, so a clear
 winner is re-checked ever more rarely. ``explored_share`` reports the share.
 
@@ -125,6 +126,7 @@ class Goodput:
         "_decided",
         "_explored",
         "_credit",
+        "_credit_cap",
         "_last_obs_mode",
         "switches",
     )
@@ -168,6 +170,8 @@ class Goodput:
         self._explored = 0
         # start credit: two probes, so the cold start does not wait for budget.
         self._credit = 2.0 * self.probe_steps
+        # unused budget does not pile up into long runs of probes later
+        self._credit_cap = 4.0 * self.probe_steps
         self._last_obs_mode = self._home
         #: number of home-mode switches so far (for reporting).
         self.switches = 0
@@ -206,7 +210,8 @@ class Goodput:
         b = view.batch_size
         step = view.step
         self._decided += 1
-        self._credit += self.max_explore_share
+        if self._credit < self._credit_cap:
+            self._credit += self.max_explore_share
         # bucket (inlined batch_bucket / context_bucket for speed)
         if b < 4:
             bi = b if b > 0 else 0
@@ -238,26 +243,48 @@ class Goodput:
             missing = _PLAIN if np_ == 0 else _SPEC
             if missing is not home and self._credit >= self.probe_steps:
                 return self._start_probe(missing, idx)
-            return home
-
-        other_last = self._last_s[idx] if home is _PLAIN else self._last_p[idx]
-        if step - other_last > self._horizon[idx] and (
-            self._credit >= self.probe_steps
-        ):
-            h = self._horizon[idx]
-            self._horizon[idx] = h + h if h < (1 << 30) else h
-            return self._start_probe(_SPEC if home is _PLAIN else _PLAIN, idx)
-
-        if step - self._switch_step < self._dwell:
-            return home
-        # relative gain of SPEC over PLAIN in tokens per second
-        gain = self._acc * self._tp[idx] / self._ts[idx] - 1.0
+            if step - self._switch_step < self._dwell:
+                return home
+            # meanwhile, go by the nearest bucket with both estimates
+            gain = self._neighbor_gain(idx)
+            if gain is None:
+                return home
+        else:
+            other_last = self._last_s[idx] if home is _PLAIN else self._last_p[idx]
+            if step - other_last > self._horizon[idx] and (
+                self._credit >= self.probe_steps
+            ):
+                h = self._horizon[idx]
+                self._horizon[idx] = h + h if h < (1 << 30) else h
+                return self._start_probe(_SPEC if home is _PLAIN else _PLAIN, idx)
+            if step - self._switch_step < self._dwell:
+                return home
+            # relative gain of SPEC over PLAIN in tokens per second
+            gain = self._acc * self._tp[idx] / self._ts[idx] - 1.0
         if home is _SPEC:
             if gain < 0.0:
                 return self._switch(_PLAIN, step, idx)
         elif gain > self.switch_overhead:
             return self._switch(_SPEC, step, idx)
         return home
+
+    def _neighbor_gain(self, idx: int) -> float | None:
+        """SPEC's gain in the nearest batch bucket (same context) measured in
+        both modes; bounded scan, only while a bucket is cold."""
+        if self._n_acc == 0:
+            return None
+        row = idx - idx % _NB
+        bi = idx - row
+        np_ = self._np
+        ns = self._ns
+        for d in range(1, _NB):
+            k = row + bi - d
+            if bi - d >= 0 and np_[k] and ns[k]:
+                return self._acc * self._tp[k] / self._ts[k] - 1.0
+            k = row + bi + d
+            if bi + d < _NB and np_[k] and ns[k]:
+                return self._acc * self._tp[k] / self._ts[k] - 1.0
+        return None
 
     def _start_probe(self, mode: Mode, idx: int) -> Mode:
         self._credit -= self.probe_steps

@@ -82,8 +82,14 @@ def _corpus(n_sentences: int = 4000) -> list[str]:
 
 
 def _train_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from tokenizers import trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -132,8 +138,15 @@ def _write_tokenizer(tok, dest: Path) -> None:
         "chat_template": CHAT_TEMPLATE,
     }
     (dest / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    special_map = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK}
-    (dest / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2) + "\n")
+    special_map = {
+        "bos_token": BOS,
+        "eos_token": EOS,
+        "pad_token": PAD,
+        "unk_token": UNK,
+    }
+    (dest / "special_tokens_map.json").write_text(
+        json.dumps(special_map, indent=2) + "\n"
+    )
 
 
 def build_tiny_llama(dest: Path) -> Path:

@@ -194,8 +194,9 @@ class _Active:
 ACTIVE = _Active()
 
 
-def _batch_arg(args: tuple, kwargs: dict, name: str) -> Any:
-    return args[0] if args else kwargs[name]
+def _batch_arg(args: tuple, kwargs: dict, name: str, instance: Any) -> Any:
+    # See resolver_wrapper for why ``instance is None`` shifts the position.
+    return kwargs[name] if name in kwargs else args[instance is None]
 
 
 def make_worker_wrapper(batch_param: str) -> Callable:
@@ -210,7 +211,7 @@ def make_worker_wrapper(batch_param: str) -> Callable:
         if runtime is None:
             return wrapped(*args, **kwargs)
         try:
-            batch = _batch_arg(args, kwargs, batch_param)
+            batch = _batch_arg(args, kwargs, batch_param, instance)
             fm = batch.forward_mode
             if fm.is_extend() or batch.is_extend_in_batch or fm.is_idle():
                 if not fm.is_idle():
@@ -240,7 +241,9 @@ def resolver_wrapper(wrapped, instance, args, kwargs):
     runtime = ACTIVE.runtime
     if runtime is None:
         return tokens
-    result = args[0] if args else kwargs["result"]
+    # Called on an instance, args are (result, batch); called through the
+    # class with the instance first (wrapt passes instance=None), one later.
+    result = kwargs["result"] if "result" in kwargs else args[instance is None]
     mode = getattr(result, RESULT_MODE_ATTR, None)
     if mode is None:
         return tokens

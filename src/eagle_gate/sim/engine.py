@@ -1,0 +1,550 @@
+"""The step-level serving simulator.
+
+One :class:`Simulator` run serves a :class:`Scenario` (closed-loop concurrency
+schedule or open-loop Poisson arrival-rate schedule) on a
+:class:`~eagle_gate.sim.profiles.Profile` and drives a policy through the
+real contract, like the server does:
+
+* one :class:`~eagle_gate.policy.StepView` is reused; before every decode batch
+  the simulator calls ``view.update(...)`` and ``policy.decide(view)``;
+* the outcome of step N is handed to ``policy.observe`` only after
+  ``decide`` for step N+1 (overlap scheduling: results arrive one step late);
+* ``interval_s`` is the simulated duration of the step, or ``None`` when a
+  prefill batch ran (or the server idled) since the previous decode step.
+
+The scheduler is SGLang-like: waiting requests are prefilled (one batch, up to
+``max_prefill_tokens``) before the next decode step; a prefill emits each
+request's first token; decode batches hold every running request.
+
+Randomness (lengths, classes, acceptance, noise, arrivals) comes from one seeded
+generator and pre-drawn pools, so two policies on the same scenario see the
+same requests (common random numbers) and a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from eagle_gate.policy import Mode, StepOutcome, StepView
+from eagle_gate.sim.profiles import Profile
+
+__all__ = ["Scenario", "Segment", "SimResult", "Simulator", "run_policy"]
+
+_POOL = 1 << 15
+_MASK = _POOL - 1
+_SPEC = Mode.SPEC
+_PLAIN = Mode.PLAIN
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of the load schedule.
+
+    ``level`` is the number of concurrent clients (closed loop) or the arrival
+    rate in requests/s (open loop). ``class_probs`` maps request class ->
+    probability (``None``: the profile's default class only).
+    """
+
+    duration_s: float
+    level: float
+    class_probs: Mapping[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A load schedule. Measurement excludes the first ``warmup_s`` seconds."""
+
+    name: str
+    segments: Sequence[Segment]
+    closed_loop: bool = True
+    warmup_s: float = 0.0
+    #: closed loop: start with the first segment's clients already decoding at
+    #: random progress (a steady state instead of a synchronized start).
+    staggered_start: bool = True
+    seed: int = 0
+
+    @property
+    def duration_s(self) -> float:
+        return sum(s.duration_s for s in self.segments)
+
+
+@dataclass
+class SimResult:
+    """What one run produced."""
+
+    policy: str
+    scenario: str
+    tokens: int  # output tokens emitted inside the measurement window
+    time_s: float  # length of the measurement window
+    tpot_s: float  # mean time per output token of requests completed in it
+    decode_steps: int
+    spec_steps: int
+    completed: int
+    total_tokens: int  # all output tokens emitted in the run
+    clock_s: float  # simulated time at the end
+    busy_s: float  # sum of all step, prefill and idle durations
+    explored_share: float | None = None
+    switches: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.time_s if self.time_s > 0 else 0.0
+
+
+class _LazySeqLens:
+    """The running batch's sequence lengths, computed only if a policy asks."""
+
+    __slots__ = ("_sim",)
+
+    def __init__(self, sim: Simulator) -> None:
+        self._sim = sim
+
+    def __len__(self) -> int:
+        return len(self._sim._run_rem)
+
+    def max(self) -> int:
+        return self._sim._seq_len_max()
+
+
+class Simulator:
+    """Serve one scenario on one profile with one policy (see module doc)."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        scenario: Scenario,
+        *,
+        record: bool = False,
+    ) -> None:
+        self.profile = profile
+        self.scenario = scenario
+        self.record = record
+        #: when ``record``: ("decide", step) / ("observe", step) events, and
+        #: per-request (target, emitted) pairs for the accounting checks.
+        self.events: list[tuple[str, int]] = []
+        rng = random.Random(scenario.seed * 1_000_003 + 17)
+        self._rng = rng
+        self._class_names = list(profile.classes)
+        # geometric pools per class: number of accepted drafts if unbounded
+        self._pools: dict[str, list[int]] = {}
+        for name, alpha in profile.classes.items():
+            if alpha <= 0.0:
+                self._pools[name] = [0] * _POOL
+                continue
+            la = math.log(alpha)
+            pool = []
+            for _ in range(_POOL):
+                u = 1.0 - rng.random()  # (0, 1]
+                pool.append(min(64, int(math.log(u) / la)))
+            self._pools[name] = pool
+        sigma = profile.noise
+        self._noise = [math.exp(rng.gauss(0.0, sigma)) for _ in range(_POOL)]
+        self._req_rng = random.Random(scenario.seed * 7_919 + 3)
+
+    # -- helpers used by the oracle ------------------------------------------------
+
+    def peek(self) -> tuple[int, int, float, float, float]:
+        """(batch, spec_tokens, spec_time, resync_time, plain_time) of the next
+        step without noise, using the acceptance draws the step will use."""
+        b = len(self._run_rem)
+        k = self.profile.num_draft_tokens
+        s = k - 1
+        p = self._ptr
+        pools = self._run_pool
+        rem = self._run_rem
+        tot = 0
+        for i in range(b):
+            g = pools[i][(p + i) & _MASK]
+            a = g + 1 if g < s else k
+            r = rem[i]
+            tot += a if a < r else r
+        prof = self.profile
+        resync = prof.resync_time(b, self._plain_run) if self._plain_run else 0.0
+        return (
+            b,
+            tot,
+            prof.spec_time(b, self._kv),
+            resync,
+            prof.plain_time(b, self._kv),
+        )
+
+    def _seq_len_max(self) -> int:
+        base = self._run_base
+        rem = self._run_rem
+        return max((base[i] - rem[i] for i in range(len(rem))), default=0)
+
+    # -- requests ------------------------------------------------------------------
+
+    def _new_request(self, now: float, class_probs: Mapping[str, float] | None) -> int:
+        prof = self.profile
+        rr = self._req_rng
+        p = rr.randint(*prof.prompt_len)
+        o = rr.randint(*prof.output_len)
+        if class_probs:
+            u = rr.random()
+            name = None
+            acc = 0.0
+            for cname, prob in class_probs.items():
+                acc += prob
+                if u < acc:
+                    name = cname
+                    break
+            if name is None:
+                name = next(reversed(list(class_probs)))
+        else:
+            name = prof.default_class
+        rid = len(self._r_prompt)
+        self._r_prompt.append(p)
+        self._r_out.append(o)
+        self._r_target.append(o)
+        self._r_emitted.append(0)
+        self._r_arrival.append(now)
+        self._r_first.append(-1.0)
+        self._r_done.append(-1.0)
+        self._r_class.append(name)
+        return rid
+
+    def _admit_running(self, rid: int, rem: int, ctx: int) -> None:
+        self._run_id.append(rid)
+        self._run_rem.append(rem)
+        self._run_pool.append(self._pools[self._r_class[rid]])
+        self._run_base.append(ctx + rem)
+        self._kv += ctx
+        self._reserved += ctx + rem
+
+    # -- the run -------------------------------------------------------------------
+
+    def run(self, policy: Any) -> SimResult:
+        prof = self.profile
+        scen = self.scenario
+        rec = self.events if self.record else None
+        # request table
+        self._r_prompt: list[int] = []
+        self._r_out: list[int] = []
+        self._r_target: list[int] = []
+        self._r_emitted: list[int] = []
+        self._r_arrival: list[float] = []
+        self._r_first: list[float] = []
+        self._r_done: list[float] = []
+        self._r_class: list[str] = []
+        self._r_initial: set[int] = set()
+        # running batch (parallel lists)
+        self._run_id: list[int] = []
+        self._run_rem: list[int] = []
+        self._run_pool: list[list[int]] = []
+        self._run_base: list[int] = []
+        self._kv = 0
+        self._reserved = 0
+        self._ptr = 0
+        self._plain_run = 0
+        waiting: deque[int] = deque()
+        thinking: deque[float] = deque()  # closed loop: when clients send again
+        gap = prof.client_gap_s
+
+        bind = getattr(policy, "bind", None)
+        if bind is not None:
+            bind(self)
+        varies_steps = hasattr(policy, "num_steps")
+
+        segs = list(scen.segments)
+        seg_end = []
+        t = 0.0
+        for sgm in segs:
+            t += sgm.duration_s
+            seg_end.append(t)
+        end = t
+        warm = scen.warmup_s
+        seg_i = 0
+
+        clock = 0.0
+        busy = 0.0
+        noise = self._noise
+        nptr = 0
+        active = 0  # closed loop: clients with a request in the system
+
+        if scen.closed_loop and scen.staggered_start and segs:
+            rr = self._req_rng
+            c0 = int(segs[0].level)
+            for _ in range(c0):
+                rid = self._new_request(0.0, segs[0].class_probs)
+                o = self._r_out[rid]
+                g = rr.randint(1, o - 1) if o > 1 else 0
+                rem = o - g
+                self._r_target[rid] = rem
+                self._r_first[rid] = 0.0
+                self._r_initial.add(rid)
+                active += 1
+                if len(self._run_id) < prof.max_running:
+                    self._admit_running(rid, rem, self._r_prompt[rid] + g)
+                else:
+                    # not admitted: it restarts from its prefill
+                    self._r_target[rid] = o
+                    self._r_first[rid] = -1.0
+                    self._r_initial.discard(rid)
+                    waiting.append(rid)
+
+        # open loop arrivals: thinning-free piecewise-constant Poisson process
+        next_arrival = math.inf
+        arr_rng = random.Random(scen.seed * 31 + 5)
+
+        def draw_arrival(now: float) -> float:
+            # next arrival after `now` under the piecewise-constant rate
+            tt = now
+            i = 0
+            while i < len(segs) and seg_end[i] <= tt:
+                i += 1
+            while i < len(segs):
+                rate = segs[i].level
+                if rate > 0:
+                    nxt = tt + arr_rng.expovariate(rate)
+                    if nxt < seg_end[i]:
+                        return nxt
+                tt = seg_end[i]
+                i += 1
+            return math.inf
+
+        if not scen.closed_loop:
+            next_arrival = draw_arrival(0.0)
+
+        view = StepView(num_draft_tokens=prof.num_draft_tokens)
+        lazy_lens = _LazySeqLens(self)
+        pending: StepOutcome | None = None
+        prev_decode = False  # was the previous resolution a decode step
+        step = 0
+        spec_steps = 0
+        win_tokens = 0
+        total_tokens = 0
+        k = prof.num_draft_tokens
+        s_default = k - 1
+        max_running = prof.max_running
+        max_kv = prof.max_kv_tokens
+        run_rem = self._run_rem
+        run_pool = self._run_pool
+        r_emitted = self._r_emitted
+
+        while clock < end:
+            while seg_i < len(segs) - 1 and clock >= seg_end[seg_i]:
+                seg_i += 1
+            seg = segs[seg_i]
+            # arrivals
+            if scen.closed_loop:
+                while thinking and thinking[0] <= clock:
+                    thinking.popleft()
+                    if active + len(thinking) < int(seg.level):
+                        waiting.append(self._new_request(clock, seg.class_probs))
+                        active += 1
+                target = int(seg.level) - len(thinking)
+                while active < target:
+                    waiting.append(self._new_request(clock, seg.class_probs))
+                    active += 1
+            else:
+                while next_arrival <= clock:
+                    cp = segs[min(seg_i, len(segs) - 1)].class_probs
+                    waiting.append(self._new_request(next_arrival, cp))
+                    next_arrival = draw_arrival(next_arrival)
+            # prefill
+            if waiting and len(self._run_id) < max_running:
+                toks = 0
+                batch: list[int] = []
+                while waiting and len(self._run_id) + len(batch) < max_running:
+                    rid = waiting[0]
+                    p = self._r_prompt[rid]
+                    if batch and toks + p > prof.max_prefill_tokens:
+                        break
+                    if self._reserved + p + self._r_out[rid] > max_kv and (
+                        self._run_id or batch
+                    ):
+                        break
+                    waiting.popleft()
+                    batch.append(rid)
+                    toks += p
+                    self._reserved += p + self._r_out[rid]
+                if batch:
+                    self._reserved -= sum(
+                        self._r_prompt[r] + self._r_out[r] for r in batch
+                    )
+                    dt = prof.prefill_time(toks) * noise[nptr & _MASK]
+                    nptr += 1
+                    clock += dt
+                    busy += dt
+                    prev_decode = False
+                    for rid in batch:
+                        self._r_first[rid] = clock
+                        r_emitted[rid] = 1
+                        total_tokens += 1
+                        if clock > warm:
+                            win_tokens += 1
+                        o = self._r_target[rid]
+                        if o <= 1:
+                            self._r_done[rid] = clock
+                            active -= 1
+                            if gap > 0.0:
+                                thinking.append(clock + gap)
+                        else:
+                            self._admit_running(rid, o - 1, self._r_prompt[rid] + 1)
+                    continue
+            b = len(run_rem)
+            if b == 0:
+                # idle until the next arrival (open loop) or the schedule moves
+                nxt = next_arrival if not scen.closed_loop else end
+                if thinking:
+                    nxt = min(nxt, thinking[0])
+                if seg_i < len(segs) - 1:
+                    nxt = min(nxt, seg_end[seg_i])
+                nxt = min(nxt, end)
+                if nxt <= clock:
+                    break
+                busy += nxt - clock
+                clock = nxt
+                prev_decode = False
+                continue
+
+            # ---- one decode step ----
+            view.update(
+                batch_size=b,
+                step=step,
+                seq_len_sum=self._kv,
+                seq_lens=lazy_lens,
+            )
+            if rec is not None:
+                rec.append(("decide", step))
+            mode = policy.decide(view)
+            if pending is not None:
+                if rec is not None:
+                    rec.append(("observe", pending.step))
+                policy.observe(pending)
+                pending = None
+            if mode is not _PLAIN and mode is not _SPEC:
+                mode = _SPEC if mode == 0 else _PLAIN
+            kv = self._kv
+            fin: list[int] = []
+            if mode is _SPEC:
+                s = policy.num_steps if varies_steps else s_default
+                kk = s + 1
+                dur = prof.spec_time(b, kv, s)
+                if self._plain_run:
+                    dur += prof.resync_time(b, self._plain_run)
+                    self._plain_run = 0
+                p = self._ptr
+                accl = [0] * b
+                tot = 0
+                for i in range(b):
+                    g = run_pool[i][(p + i) & _MASK]
+                    a = g + 1 if g < s else kk
+                    r = run_rem[i]
+                    if a >= r:
+                        a = r
+                        fin.append(i)
+                    run_rem[i] = r - a
+                    accl[i] = a
+                    tot += a
+                self._ptr = (p + b) & _MASK
+                spec_steps += 1
+            else:
+                dur = prof.plain_time(b, kv)
+                self._plain_run += 1
+                for i in range(b):
+                    r = run_rem[i] - 1
+                    run_rem[i] = r
+                    if r == 0:
+                        fin.append(i)
+                accl = [1] * b
+                tot = b
+            dur *= noise[nptr & _MASK]
+            nptr += 1
+            clock += dur
+            busy += dur
+            self._kv = kv + tot
+            total_tokens += tot
+            if clock > warm:
+                win_tokens += tot
+            run_id = self._run_id
+            if rec is not None:
+                for i, a in enumerate(accl):
+                    r_emitted[run_id[i]] += a
+            pending = StepOutcome(
+                mode=mode,
+                batch_size=b,
+                tokens=tot,
+                accept_lens=accl,
+                interval_s=dur if prev_decode else None,
+                step=step,
+            )
+            prev_decode = True
+            step += 1
+            if fin:
+                run_base = self._run_base
+                for i in reversed(fin):
+                    rid = run_id[i]
+                    self._r_done[rid] = clock
+                    active -= 1
+                    if gap > 0.0:
+                        thinking.append(clock + gap)
+                    self._kv -= run_base[i]  # rem is 0: ctx == base
+                    self._reserved -= run_base[i]
+                    last = len(run_id) - 1
+                    if i != last:
+                        run_id[i] = run_id[last]
+                        run_rem[i] = run_rem[last]
+                        run_pool[i] = run_pool[last]
+                        run_base[i] = run_base[last]
+                    run_id.pop()
+                    run_rem.pop()
+                    run_pool.pop()
+                    run_base.pop()
+        if pending is not None:
+            if rec is not None:
+                rec.append(("observe", pending.step))
+            policy.observe(pending)
+
+        # TPOT of requests that arrived in the run and finished in the window
+        tp_sum = 0.0
+        tp_n = 0
+        completed = 0
+        for rid in range(len(self._r_done)):
+            done = self._r_done[rid]
+            if done < 0:
+                continue
+            completed += 1
+            if rid in self._r_initial or done <= warm:
+                continue
+            n = self._r_target[rid]
+            if n > 1:
+                tp_sum += (done - self._r_first[rid]) / (n - 1)
+                tp_n += 1
+        window = clock - warm
+        return SimResult(
+            policy=getattr(policy, "name", type(policy).__name__),
+            scenario=scen.name,
+            tokens=win_tokens,
+            time_s=window,
+            tpot_s=tp_sum / tp_n if tp_n else float("nan"),
+            decode_steps=step,
+            spec_steps=spec_steps,
+            completed=completed,
+            total_tokens=total_tokens,
+            clock_s=clock,
+            busy_s=busy,
+            explored_share=getattr(policy, "explored_share", None),
+            switches=getattr(policy, "switches", None),
+        )
+
+    # -- accounting views for tests ---------------------------------------------------
+
+    def request_accounting(self) -> list[tuple[int, int, bool]]:
+        """Per request: (tokens requested in this run, tokens emitted, done)."""
+        return [
+            (self._r_target[r], self._r_emitted[r], self._r_done[r] >= 0)
+            for r in range(len(self._r_target))
+        ]
+
+
+def run_policy(profile: Profile, scenario: Scenario, policy: Any) -> SimResult:
+    """Convenience: one run of ``policy`` on ``scenario``."""
+    return Simulator(profile, scenario).run(policy)

@@ -1,0 +1,122 @@
+"""Built-in workloads: concurrency grid, load ramp, two-class mix, open-loop ramp."""
+
+from __future__ import annotations
+
+from eagle_gate.sim.engine import Scenario, Segment
+from eagle_gate.sim.profiles import Profile
+
+__all__ = [
+    "GRID",
+    "WORKLOADS",
+    "grid_scenarios",
+    "ramp_scenario",
+    "mix_scenarios",
+    "open_ramp_scenario",
+]
+
+#: closed-loop concurrencies of the grid (those of seed-pcie-tp8.json).
+GRID: tuple[int, ...] = (1, 2, 5, 10, 30, 70, 100, 250)
+#: concurrencies at which the two-class mix runs.
+MIX_LEVELS: tuple[int, ...] = (2, 10, 30, 100)
+#: the ramp: closed-loop clients, up and down.
+RAMP_LEVELS: tuple[int, ...] = (1, 2, 5, 10, 30, 70, 100, 250, 100, 70, 30, 10, 5, 2, 1)
+
+WORKLOADS: tuple[str, ...] = ("grid", "ramp", "mix", "open-ramp")
+
+
+def _step_time(profile: Profile, c: int) -> float:
+    """Rough duration of a PLAIN decode step (plus amortized prefill) at c."""
+    b = min(c, profile.max_running)
+    if profile.max_kv_tokens < 10**9:
+        b = max(1, min(b, int(profile.max_kv_tokens / profile.mean_context() / 1.5)))
+    t = profile.plain_time(b, int(b * profile.mean_context()))
+    mean_p = sum(profile.prompt_len) / 2
+    mean_o = sum(profile.output_len) / 2
+    return t + b / mean_o * profile.prefill_time(int(mean_p))
+
+
+def grid_steps(c: int, quick: bool) -> int:
+    """Decode steps (approximately) simulated per grid point."""
+    steps = max(300, min(2400, 40000 // c))
+    return steps // 3 if quick else steps
+
+
+def grid_scenarios(
+    profile: Profile, quick: bool = False, seed: int = 0
+) -> list[tuple[int, Scenario]]:
+    out = []
+    for c in GRID:
+        dur = grid_steps(c, quick) * _step_time(profile, c)
+        out.append(
+            (
+                c,
+                Scenario(
+                    name=f"grid-c{c}",
+                    segments=(Segment(dur, c),),
+                    closed_loop=True,
+                    warmup_s=0.1 * dur,
+                    seed=seed + c,
+                ),
+            )
+        )
+    return out
+
+
+def ramp_scenario(profile: Profile, quick: bool = False, seed: int = 0) -> Scenario:
+    steps = 120 if quick else 300
+    segs = tuple(Segment(steps * _step_time(profile, c), c) for c in RAMP_LEVELS)
+    return Scenario(
+        name="ramp", segments=segs, closed_loop=True, warmup_s=0.0, seed=seed + 1000
+    )
+
+
+def mix_scenarios(
+    profile: Profile, quick: bool = False, seed: int = 0
+) -> list[tuple[int, Scenario]]:
+    """Closed loop with a high- and a low-acceptance class whose shares swap
+    every quarter of the run (90/10, 10/90, 90/10, 10/90)."""
+    names = list(profile.classes)
+    hi = max(names, key=lambda n: profile.classes[n])
+    lo = min(names, key=lambda n: profile.classes[n])
+    code_heavy = {hi: 0.9, lo: 0.1}
+    chat_heavy = {hi: 0.1, lo: 0.9}
+    out = []
+    for c in MIX_LEVELS:
+        dur = grid_steps(c, quick) * 2 * _step_time(profile, c) / 4
+        segs = tuple(
+            Segment(dur, c, code_heavy if i % 2 == 0 else chat_heavy) for i in range(4)
+        )
+        out.append(
+            (
+                c,
+                Scenario(
+                    name=f"mix-c{c}",
+                    segments=segs,
+                    closed_loop=True,
+                    warmup_s=0.05 * 4 * dur,
+                    seed=seed + 2000 + c,
+                ),
+            )
+        )
+    return out
+
+
+def open_ramp_scenario(
+    profile: Profile, quick: bool = False, seed: int = 0
+) -> Scenario:
+    """Open loop: Poisson arrivals whose rate ramps from 5% to 90% of the
+    PLAIN capacity at max_running and back."""
+    b = profile.max_running
+    cap_tok_s = b / _step_time(profile, b)
+    mean_o = sum(profile.output_len) / 2
+    cap = cap_tok_s / mean_o  # requests/s
+    fracs = (0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9, 0.7, 0.5, 0.35, 0.2, 0.1, 0.05)
+    per = (40 if quick else 100) * mean_o / cap / 10
+    segs = tuple(Segment(per, f * cap) for f in fracs)
+    return Scenario(
+        name="open-ramp",
+        segments=segs,
+        closed_loop=False,
+        warmup_s=0.0,
+        seed=seed + 3000,
+    )

@@ -1,0 +1,122 @@
+"""Settings resolution: precedence, validation and error messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle_gate.config import (
+    ENV_RESOLVED,
+    ConfigError,
+    GateConfig,
+    config_from_environment,
+    gate_requested,
+    resolve_config,
+)
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "gate.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults():
+    config = resolve_config(environ={})
+    assert config.policy == "threshold"
+    assert config.settings == {
+        "plain_above": 8,
+        "spec_at_or_below": 4,
+        "min_dwell_steps": 32,
+    }
+
+
+def test_precedence_cli_over_env_over_file(tmp_path):
+    path = write(
+        tmp_path,
+        'policy = "always"\nstatus_dir = "/file"\n[settings]\n',
+    )
+    env = {"EAGLE_GATE_CONFIG": path, "EAGLE_GATE_POLICY": "never"}
+    assert resolve_config(environ=env).policy == "never"
+    assert resolve_config(environ=env, cli_policy="always").policy == "always"
+    assert resolve_config(environ={"EAGLE_GATE_CONFIG": path}).policy == "always"
+    assert resolve_config(environ=env).status_dir == "/file"
+
+    path = write(
+        tmp_path,
+        "[settings]\nplain_above = 30\nspec_at_or_below = 10\nmin_dwell_steps = 5\n",
+    )
+    env = {
+        "EAGLE_GATE_CONFIG": path,
+        "EAGLE_GATE_SET": "plain_above=20,min_dwell_steps=7",
+    }
+    config = resolve_config(environ=env, cli_sets=["plain_above=16"])
+    assert config.settings == {
+        "plain_above": 16,  # CLI
+        "min_dwell_steps": 7,  # env
+        "spec_at_or_below": 10,  # file
+    }
+
+
+def test_unknown_policy_lists_available():
+    with pytest.raises(ConfigError) as err:
+        resolve_config(environ={}, cli_policy="fastest")
+    assert "'fastest'" in str(err.value)
+    for name in ("always", "never", "threshold"):
+        assert name in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("assignment", "fragments"),
+    [
+        ("plain_above=many", ["'plain_above'", "'many'", "an integer >= 0"]),
+        ("plain_above=-1", ["'plain_above'", "'-1'", "an integer >= 0"]),
+        ("plain_abov=3", ["'plain_abov'", "allowed:", "plain_above"]),
+        ("novalue", ["'novalue'", "KEY=VALUE"]),
+    ],
+)
+def test_bad_settings_name_key_value_and_allowed(assignment, fragments):
+    with pytest.raises(ConfigError) as err:
+        resolve_config(environ={}, cli_sets=[assignment])
+    for fragment in fragments:
+        assert fragment in str(err.value)
+
+
+def test_wrong_type_in_config_file_names_file(tmp_path):
+    path = write(tmp_path, '[settings]\nplain_above = "eight"\n')
+    with pytest.raises(ConfigError) as err:
+        resolve_config(environ={}, cli_config=path)
+    assert "'eight'" in str(err.value) and path in str(err.value)
+
+
+def test_config_file_that_does_not_parse_names_file_and_line(tmp_path):
+    path = write(tmp_path, 'policy = "threshold"\n\n[settings\n')
+    with pytest.raises(ConfigError) as err:
+        resolve_config(environ={}, cli_config=path)
+    assert path in str(err.value) and "line 3" in str(err.value)
+
+
+def test_missing_config_file_and_unknown_file_key(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        resolve_config(environ={}, cli_config=str(tmp_path / "nope.toml"))
+    path = write(tmp_path, 'polcy = "never"\n')
+    with pytest.raises(ConfigError, match="unknown key 'polcy'"):
+        resolve_config(environ={}, cli_config=path)
+
+
+def test_resolved_config_travels_through_the_environment():
+    config = resolve_config(
+        environ={},
+        cli_policy="threshold",
+        cli_sets=["plain_above=3", "spec_at_or_below=1"],
+    )
+    env = {ENV_RESOLVED: config.to_json()}
+    assert config_from_environment(env) == config
+    assert GateConfig.from_json(config.to_json()) == config
+    assert config_from_environment(env).create_policy().plain_above == 3
+
+
+def test_gate_requested_only_when_asked():
+    assert not gate_requested({})
+    assert gate_requested({"EAGLE_GATE_POLICY": "never"})
+    assert gate_requested({"EAGLE_GATE_ENABLE": "1"})
+    assert not gate_requested({"EAGLE_GATE_ENABLE": "0", "EAGLE_GATE_POLICY": "x"})

@@ -1,0 +1,119 @@
+"""Contract tests against the REAL installed SGLang (0.5.9 or 0.5.23).
+
+Every patch target exists with the signature the adapter expects; the
+instrumentation is idempotent and removable on the real classes; unsupported
+versions are refused; a patch that cannot apply raises naming the target.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import sglang_env
+from eagle_gate import adapters
+from eagle_gate.adapters._base import (
+    GatePatchError,
+    Instrumentor,
+    PatchTarget,
+    _GateWrapper,
+)
+
+
+@pytest.fixture
+def adapter():
+    a = sglang_env.adapter()
+    yield a
+    a._uninstrument()
+
+
+def _current(target: PatchTarget):
+    owner, name = target.owner_and_name()
+    return vars(owner)[name]
+
+
+def test_installed_version_is_supported_and_selects_its_adapter():
+    version = sglang_env.version()
+    assert version in adapters.SUPPORTED
+    a = adapters.select_adapter()
+    assert version in a.SGLANG_VERSIONS
+
+
+def test_every_patch_target_exists_with_expected_signature(adapter):
+    assert len(adapter.TARGETS) >= 4
+    for target in adapter.TARGETS:
+        target.check()
+
+
+def test_instrument_is_idempotent_and_removable(adapter):
+    wrapped_targets = [t for t, _ in adapter.INSTRUMENTOR.patches]
+    originals = {t.dotted: _current(t) for t in wrapped_targets}
+    adapter._instrument()
+    adapter.INSTRUMENTOR.require_applied()
+    first = {t.dotted: _current(t) for t in wrapped_targets}
+    assert all(isinstance(w, _GateWrapper) for w in first.values())
+    adapter._instrument()
+    adapter.INSTRUMENTOR.require_applied()
+    assert {t.dotted: _current(t) for t in wrapped_targets} == first
+    assert all(first[k].__wrapped__ is originals[k] for k in originals)
+
+    adapter._uninstrument()
+    assert {t.dotted: _current(t) for t in wrapped_targets} == originals
+    adapter._uninstrument()  # twice is harmless
+    assert {t.dotted: _current(t) for t in wrapped_targets} == originals
+
+    adapter._instrument()  # and it comes back
+    assert all(isinstance(_current(t), _GateWrapper) for t in wrapped_targets)
+
+
+def test_unsupported_version_is_refused_with_the_supported_list():
+    with pytest.raises(adapters.UnsupportedSGLang) as err:
+        adapters.select_adapter("0.5.10")
+    message = str(err.value)
+    assert "0.5.10" in message and "0.5.9" in message and "0.5.23" in message
+    assert "--gate-allow-untested-sglang" in message
+
+
+def test_opt_in_uses_nearest_adapter_only_if_its_targets_fit():
+    installed = sglang_env.version()
+    # A version nearest to the installed one: its adapter fits.
+    near = {"0.5.9": "0.5.9.post9", "0.5.23": "0.5.24"}[installed]
+    assert (
+        installed in adapters.select_adapter(near, allow_untested=True).SGLANG_VERSIONS
+    )
+    # A version nearest to the OTHER adapter: its targets do not exist here.
+    far = {"0.5.9": "0.5.22", "0.5.23": "0.5.8"}[installed]
+    with pytest.raises(adapters.UnsupportedSGLang) as err:
+        adapters.select_adapter(far, allow_untested=True)
+    assert "patch target" in str(err.value)
+
+
+def test_a_target_with_another_signature_is_refused_by_name():
+    target = PatchTarget(
+        "sglang.srt.managers.schedule_batch", "Req.__init__", ("self", "request_id")
+    )
+    with pytest.raises(GatePatchError) as err:
+        target.check()
+    assert "sglang.srt.managers.schedule_batch.Req.__init__" in str(err.value)
+    missing = PatchTarget(
+        "sglang.srt.managers.schedule_batch", "Req.no_such", ("self",)
+    )
+    with pytest.raises(GatePatchError, match="Req.no_such does not exist"):
+        missing.check()
+
+
+def test_a_patch_that_cannot_apply_stops_instrumentation():
+    importlib.import_module("sglang.srt.managers.schedule_batch")
+    bad = Instrumentor(
+        [
+            (
+                PatchTarget(
+                    "sglang.srt.managers.schedule_batch", "Req.vanished", ("self",)
+                ),
+                lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs),
+            )
+        ]
+    )
+    with pytest.raises(GatePatchError, match="Req.vanished"):
+        bad.instrument()  # module already imported: applied (and failing) at once

@@ -1,0 +1,86 @@
+"""Smoke test for the end-to-end helpers: stock SGLang serves the tiny model on CPU.
+
+Builds the tiny random Llama, starts ``python -m sglang.launch_server`` with the
+CPU flags from ``support.server``, asks ``/generate`` for a few greedy tokens,
+and checks that stopping the server leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import psutil
+import pytest
+from support.server import (
+    NO_PLUGINS,
+    cpu_server_args,
+    cpu_server_env,
+    free_port,
+    generate,
+    running_server,
+)
+from support.tiny_model import build_tiny_llama
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("sglang") is None, reason="sglang is not installed"
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_tiny_model_tokenizer_roundtrip(tmp_path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    model_dir = build_tiny_llama(tmp_path / "tiny")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    cfg = AutoConfig.from_pretrained(model_dir)
+    assert len(tok) == cfg.vocab_size
+    assert tok.bos_token_id == cfg.bos_token_id
+    assert tok.eos_token_id == cfg.eos_token_id
+    ids = tok("The quick brown fox").input_ids
+    assert ids[0] == tok.bos_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == "The quick brown fox"
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert prompt.endswith("<|assistant|>\n")
+
+
+def test_stock_sglang_serves_tiny_model_on_cpu(tmp_path, record_property):
+    model_dir = build_tiny_llama(tmp_path / "tiny")
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    # Stock server: entry-point plugins (eagle_gate's included) are off.
+    env = cpu_server_env(plugins=NO_PLUGINS)
+
+    with running_server(cpu_server_args(model_dir, port), port, env, log_path) as srv:
+        record_property("startup_s", round(srv.startup_s, 1))
+        print(f"server healthy after {srv.startup_s:.1f}s")
+        tree = [srv.pid] + [
+            c.pid for c in psutil.Process(srv.pid).children(recursive=True)
+        ]
+        assert len(tree) >= 2, "expected SGLang to spawn scheduler/detokenizer"
+
+        out = generate(srv.base_url, "The quick brown fox", max_new_tokens=8)
+        ids = out["output_ids"]
+        assert len(ids) == 8, out
+        assert out["meta_info"]["completion_tokens"] == 8
+        assert out["meta_info"]["finish_reason"]["type"] == "length"
+        assert all(0 <= i < 1000 for i in ids)
+        assert isinstance(out["text"], str)
+
+        # Greedy decoding is deterministic, and the second call hits the cache.
+        again = generate(srv.base_url, "The quick brown fox", max_new_tokens=8)
+        assert again["output_ids"] == ids
+        t_stop = time.monotonic()
+
+    print(f"server stopped in {time.monotonic() - t_stop:.1f}s")
+    for pid in tree:
+        assert not _alive(pid), f"process {pid} survived"
+    assert "fired up" in log_path.read_text(errors="replace")
