@@ -10,9 +10,9 @@ from __future__ import annotations
 import types
 
 import pytest
+import sglang_env
 import torch
 
-import sglang_env
 from eagle_gate.adapters._base import ACTIVE
 from eagle_gate.config import GateConfig
 from eagle_gate.policy import Mode

@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib
 
 import pytest
-
 import sglang_env
+
 from eagle_gate import adapters
 from eagle_gate.adapters._base import (
     GatePatchError,

@@ -40,3 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"eagle-gate: no scheduler status in {directory}", file=sys.stderr)
         return 1
     return 0 if all(r["alive"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

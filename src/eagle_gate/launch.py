@@ -82,13 +82,20 @@ def print_help(adapter_available: bool) -> None:
     parser.print_help()
 
 
-def _speculation_requested(argv: Sequence[str]) -> bool:
-    for i, arg in enumerate(argv):
-        if arg.startswith("--speculative-algorithm="):
-            return arg.split("=", 1)[1].upper() not in {"", "NONE"}
-        if arg == "--speculative-algorithm" and i + 1 < len(argv):
-            return argv[i + 1].upper() not in {"", "NONE"}
-    return False
+def speculative_flags(argv: Sequence[str]) -> argparse.Namespace:
+    """The few SGLang flags the gate must judge before SGLang parses anything
+    (SGLang's own parsing may already load the model config or fail on CPU)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--speculative-algorithm")
+    parser.add_argument("--speculative-eagle-topk", type=int)
+    for flag in (
+        "--enable-multi-layer-eagle",
+        "--disable-overlap-schedule",
+        "--speculative-adaptive",
+    ):
+        parser.add_argument(flag, action="store_true")
+    flags, _ = parser.parse_known_args(list(argv))
+    return flags
 
 
 def prepare(argv: Sequence[str], environ: dict | None = None):
@@ -113,7 +120,8 @@ def prepare(argv: Sequence[str], environ: dict | None = None):
         environ=env,
     )
     env[ENV_RESOLVED] = config.to_json()
-    if adapter.NAME == "sglang-0.5.9" and _speculation_requested(rest):
+    flags = speculative_flags(rest)
+    if adapter.NAME == "sglang-0.5.9" and flags.speculative_algorithm:
         if env.get("SGLANG_ENABLE_SPEC_V2") != "1":
             logger.info(
                 "eagle_gate: speculation requested on SGLang 0.5.9: setting "
@@ -124,6 +132,7 @@ def prepare(argv: Sequence[str], environ: dict | None = None):
     if plugins and "eagle_gate" not in [p.strip() for p in plugins.split(",")]:
         logger.info("eagle_gate: adding eagle_gate to SGLANG_PLUGINS=%s", plugins)
         env["SGLANG_PLUGINS"] = plugins + ",eagle_gate"
+    adapter.check_server_args(flags, environ=env)
     return adapter, config, rest
 
 
@@ -149,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         adapter, config, sglang_argv = prepare(argv)
-    except (ConfigError, adapters.UnsupportedSGLang) as exc:
+    except (ConfigError, adapters.UnsupportedSGLang, adapters.GateRefused) as exc:
         return _fail(str(exc))
     return run(adapter, config, sglang_argv)
 

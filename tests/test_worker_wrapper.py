@@ -1,0 +1,163 @@
+"""The gate's wrapper around ``EAGLEWorkerV2.forward_batch_generation``.
+
+SGLang's speculative forward (draft + verify + draft extend) needs a GPU, so
+here a pytest-mock stand-in replaces that GPU forward. The batches are real
+SGLang ``ScheduleBatch`` objects and the wrapper is the one the adapter
+installs on the real class.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sglang_env
+import torch
+
+from eagle_gate.adapters._base import ACTIVE, make_worker_wrapper
+from eagle_gate.config import GateConfig
+from eagle_gate.plugins import get_policy_factory
+from eagle_gate.policy import Mode
+from eagle_gate.runtime import GateRuntime, Overrides
+
+
+def decode_batch(seq_lens):
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    batch = ScheduleBatch(reqs=sglang_env.make_reqs(len(seq_lens)))
+    batch.forward_mode = ForwardMode.DECODE
+    batch.seq_lens = torch.tensor(seq_lens)
+    batch.seq_lens_cpu = torch.tensor(seq_lens)
+    batch.seq_lens_sum = sum(seq_lens)
+    return batch
+
+
+def with_mode(batch, mode_name):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    batch.forward_mode = getattr(ForwardMode, mode_name)
+    return batch
+
+
+@pytest.fixture
+def gate():
+    views = []
+
+    class Recording:
+        name = "recording"
+        answer = Mode.SPEC
+
+        def decide(self, view):
+            views.append((view.batch_size, view.step, view.seq_len_sum))
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return self.answer
+
+        def observe(self, outcome):
+            pass
+
+    policy = Recording()
+    ACTIVE.runtime = GateRuntime(
+        GateConfig("recording"), policy, sglang_version="t", adapter="t"
+    )
+    yield policy, views
+    ACTIVE.runtime = None
+    ACTIVE.plain_step = None
+
+
+@pytest.fixture
+def gpu_forward_stand_in(mocker):
+    """Stands in for SGLang's GPU speculative forward; returns a result object."""
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    return mocker.Mock(side_effect=lambda *a, **k: GenerationBatchResult())
+
+
+def call(wrapper, forward, batch):
+    worker = object()
+    return wrapper(forward, worker, (batch,), {})
+
+
+def test_decode_batch_is_decided_and_result_tagged(gate, gpu_forward_stand_in):
+    policy, views = gate
+    wrapper = make_worker_wrapper("batch")
+    result = call(wrapper, gpu_forward_stand_in, decode_batch([5, 9, 7]))
+    assert views == [(3, 0, 21)]
+    assert gpu_forward_stand_in.call_count == 1
+    assert (result.eagle_gate_mode, result.eagle_gate_step) == (Mode.SPEC, 0)
+    call(wrapper, gpu_forward_stand_in, decode_batch([5]))
+    assert views[-1] == (1, 1, 5)
+
+
+def test_extend_and_idle_batches_pass_untouched(gate, gpu_forward_stand_in):
+    policy, views = gate
+    wrapper = make_worker_wrapper("batch")
+    result = call(wrapper, gpu_forward_stand_in, with_mode(decode_batch([4]), "EXTEND"))
+    assert views == [] and not hasattr(result, "eagle_gate_mode")
+    assert ACTIVE.runtime._non_decode_since_resolve
+    call(wrapper, gpu_forward_stand_in, with_mode(decode_batch([]), "IDLE"))
+    assert views == [] and gpu_forward_stand_in.call_count == 2
+
+
+def test_plain_decision_without_plain_step_runs_stock_and_counts(
+    gate, gpu_forward_stand_in
+):
+    policy, views = gate
+    policy.answer = Mode.PLAIN
+    result = call(
+        make_worker_wrapper("batch"), gpu_forward_stand_in, decode_batch([3, 3])
+    )
+    assert result.eagle_gate_mode is Mode.SPEC
+    assert ACTIVE.runtime.overrides == {Overrides.PLAIN_STEP_UNAVAILABLE: 1}
+
+
+def test_plain_decision_with_a_plain_step_calls_it(gate, gpu_forward_stand_in, mocker):
+    """When an adapter provides a plain step, PLAIN runs it instead of the
+    speculative forward (the plain step itself is a stand-in here)."""
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    policy, views = gate
+    policy.answer = Mode.PLAIN
+    ACTIVE.runtime.plain_step_available = True
+    ACTIVE.plain_step = mocker.Mock(return_value=GenerationBatchResult())
+    result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, decode_batch([3]))
+    assert gpu_forward_stand_in.call_count == 0
+    assert ACTIVE.plain_step.call_count == 1
+    assert result.eagle_gate_mode is Mode.PLAIN
+
+
+def test_raising_policy_runs_stock_step(gate, gpu_forward_stand_in):
+    policy, views = gate
+    policy.answer = RuntimeError("policy bug")
+    result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, decode_batch([2]))
+    assert result.eagle_gate_mode is Mode.SPEC
+    assert ACTIVE.runtime.policy_errors == 1
+
+
+def test_gate_internal_error_runs_stock_step(gate, gpu_forward_stand_in):
+    before = ACTIVE.internal_errors
+    result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, object())
+    assert gpu_forward_stand_in.call_count == 1
+    assert not hasattr(result, "eagle_gate_mode")
+    assert ACTIVE.internal_errors == before + 1
+
+
+def test_no_runtime_means_stock_behaviour(gpu_forward_stand_in):
+    assert ACTIVE.runtime is None
+    result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, decode_batch([2]))
+    assert not hasattr(result, "eagle_gate_mode")
+
+
+def test_threshold_policy_through_the_wrapper(gpu_forward_stand_in):
+    policy = get_policy_factory("threshold").create(
+        plain_above=2, spec_at_or_below=1, min_dwell_steps=0
+    )
+    ACTIVE.runtime = GateRuntime(
+        GateConfig("threshold"), policy, sglang_version="t", adapter="t"
+    )
+    try:
+        wrapper = make_worker_wrapper("batch")
+        for sizes in ([1], [1, 1, 1], [1, 1], [1]):
+            call(wrapper, gpu_forward_stand_in, decode_batch(sizes))
+        assert ACTIVE.runtime.decisions_by_mode == [2, 2]
+    finally:
+        ACTIVE.runtime = None
