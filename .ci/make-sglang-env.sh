@@ -19,7 +19,7 @@ common=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec
   pydantic pyzmq tqdm ipython aiohttp huggingface-hub setproctitle triton dill
   einops gguf partial-json-parser fastapi safetensors uvloop jsonschema
   python-multipart soundfile prometheus-client interegular llguidance
-  pytest pytest-mock pytest-timeout ruff)
+  pytest pytest-mock pytest-timeout ruff setuptools)
 case "$version" in
   0.5.9)
     extra=("uvicorn" transformers==4.57.1 tokenizers sentencepiece openai==2.6.1
