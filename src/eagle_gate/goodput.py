@@ -22,14 +22,25 @@ counts: both follow from the measured resync.
 Exploration: the mode not being run gets no fresh measurements. Where a bucket
 has no estimate for a mode, or that estimate is older than its staleness
 horizon, the policy runs a short probe of the other mode (``probe_steps``
-steps). Probes are limited to ``max_explore_share`` of the decided steps (plus
-a start credit of two probes for the cold start; unused budget is capped
-at four probes); a bucket's horizon
-doubles each time it is probed and resets when its decision flips, so a clear
-winner is re-checked ever more rarely. ``explored_share`` reports the share.
+steps, extended up to 4x while none of them gave a usable interval). Probes
+are limited to ``max_explore_share`` of the decided steps (plus a start credit
+of ``2 * probe_steps`` steps for the cold start and at most one probe's length
+of overdraft; unused budget is capped at ``4 * probe_steps``). A bucket's
+horizon doubles each time it is probed, and is at least long enough that the
+time a probe is expected to lose (from the current estimates, resync included)
+is at most ``explore_cost`` of the time between probes; a cold bucket's first
+probe waits the same way when the nearest measured bucket predicts a costly
+probe. The horizon resets when the bucket's decision flips, so a clear winner
+is re-checked ever more rarely. ``explored_share`` reports the share of steps.
 
 Cold start: the policy starts in ``initial_mode`` (SPEC, SGLang's stock
-behaviour, by default) and probes the other mode in each new bucket.
+behaviour, by default); in a new bucket it first takes a sample of the mode it
+is in, then probes the other one; until a bucket has both, it follows the
+nearest bucket that has. Under heavy load most intervals are ``None`` (a
+prefill ran in between); when the current mode yields no usable interval for
+``4 * probe_steps`` steps the policy moves to the mode that does. A first SPEC
+step after PLAIN seeds a bucket's SPEC estimate (less the resync, once one
+was measured) until a steady sample replaces it.
 
 Late outcomes: outcomes arrive 1-2 steps after their decision; the bucket a
 decision used is kept in a small ring indexed by step, so ``observe`` attributes
@@ -99,6 +110,7 @@ class Goodput:
 
     __slots__ = (
         "max_explore_share",
+        "explore_cost",
         "stale_steps",
         "switch_overhead",
         "ema_alpha",
@@ -123,17 +135,24 @@ class Goodput:
         "_dwell",
         "_probe_left",
         "_probe_mode",
+        "_probe_done",
+        "_probe_got",
         "_decided",
         "_explored",
         "_credit",
         "_credit_cap",
         "_last_obs_mode",
+        "_weak",
+        "_starve",
+        "_starve_limit",
+        "_seen",
         "switches",
     )
 
     def __init__(
         self,
         max_explore_share: float = 0.03,
+        explore_cost: float = 0.01,
         stale_steps: int = 256,
         switch_overhead: float = 0.05,
         ema_alpha: float = 0.1,
@@ -141,6 +160,7 @@ class Goodput:
         initial_mode: str = "spec",
     ) -> None:
         self.max_explore_share = float(max_explore_share)
+        self.explore_cost = float(explore_cost)
         self.stale_steps = int(stale_steps)
         self.switch_overhead = float(switch_overhead)
         self.ema_alpha = float(ema_alpha)
@@ -166,6 +186,8 @@ class Goodput:
         self._dwell = self._compute_dwell()
         self._probe_left = 0
         self._probe_mode = _SPEC
+        self._probe_done = 0
+        self._probe_got = 0
         self._decided = 0
         self._explored = 0
         # start credit: two probes, so the cold start does not wait for budget.
@@ -173,6 +195,10 @@ class Goodput:
         # unused budget does not pile up into long runs of probes later
         self._credit_cap = 4.0 * self.probe_steps
         self._last_obs_mode = self._home
+        self._weak = [False] * n  # bucket's ts comes from a resync step only
+        self._starve = 0
+        self._starve_limit = 4 * self.probe_steps
+        self._seen = [0] * n  # cold-path visits per bucket
         #: number of home-mode switches so far (for reporting).
         self.switches = 0
 
@@ -231,18 +257,40 @@ class Goodput:
         self._ring_idx[r] = idx
 
         if self._probe_left > 0:  # inside an exploration probe
-            self._probe_left -= 1
-            self._explored += 1
-            return self._probe_mode
+            # at least probe_steps steps; longer (up to 4x) while none of its
+            # steps has given a usable interval yet
+            done = self._probe_done + 1
+            if done < self.probe_steps or (
+                self._probe_got == 0 and done < self._probe_left
+            ):
+                self._probe_done = done
+                self._credit -= 1.0
+                self._explored += 1
+                return self._probe_mode
+            self._probe_left = 0
 
         home = self._home
         np_ = self._np[idx]
         ns = self._ns[idx]
         if np_ == 0 or ns == 0 or self._n_acc == 0:
-            # cold bucket: measure the missing mode (home gets measured anyway)
-            missing = _PLAIN if np_ == 0 else _SPEC
-            if missing is not home and self._credit >= self.probe_steps:
-                return self._start_probe(missing, idx)
+            # cold bucket: first the home mode gets its sample (for free), then
+            # a probe measures the other one
+            home_n = ns if home is _SPEC else np_
+            if home_n == 0 or (home is _SPEC and self._n_acc == 0):
+                # under heavy load prefills between steps void most intervals;
+                # if home yields none for a while, go with the mode that does
+                self._starve += 1
+                if self._starve <= self._starve_limit:
+                    return home
+                self._starve = 0
+                if (np_ if home is _SPEC else ns) > 0:
+                    return self._switch(_PLAIN if home is _SPEC else _SPEC, step, idx)
+                if self._credit >= self.probe_steps:
+                    return self._start_probe(_PLAIN if home is _SPEC else _SPEC, idx)
+                return home
+            self._starve = 0
+            if self._credit >= self.probe_steps and self._cold_probe_due(idx, home):
+                return self._start_probe(_PLAIN if home is _SPEC else _SPEC, idx)
             if step - self._switch_step < self._dwell:
                 return home
             # meanwhile, go by the nearest bucket with both estimates
@@ -254,9 +302,8 @@ class Goodput:
             if step - other_last > self._horizon[idx] and (
                 self._credit >= self.probe_steps
             ):
-                h = self._horizon[idx]
-                self._horizon[idx] = h + h if h < (1 << 30) else h
-                return self._start_probe(_SPEC if home is _PLAIN else _PLAIN, idx)
+                if self._probe_due(idx, home, step - other_last):
+                    return self._start_probe(_SPEC if home is _PLAIN else _PLAIN, idx)
             if step - self._switch_step < self._dwell:
                 return home
             # relative gain of SPEC over PLAIN in tokens per second
@@ -286,10 +333,54 @@ class Goodput:
                 return self._acc * self._tp[k] / self._ts[k] - 1.0
         return None
 
+    def _probe_due(self, idx: int, home: Mode, age: int) -> bool:
+        """Called once the bucket's horizon has passed. A probe is due when the
+        time it is expected to lose (from the current estimates, resync
+        included) is at most ``explore_cost`` of the time since the last
+        sample; otherwise the horizon is moved to that point. After a probe the
+        horizon doubles."""
+        tp = self._tp[idx]
+        ts = self._ts[idx]
+        acc = self._acc
+        n = self.probe_steps
+        if home is _PLAIN:  # a SPEC probe: its steps beyond PLAIN's, plus a resync
+            lost = (n * (ts - acc * tp) + self._resync_rel * ts) / tp
+        else:  # a PLAIN probe: its tokens made slower, plus the resync after it
+            lost = (n * (tp - ts / acc) + self._resync_rel * ts) / ts
+        cost = self.explore_cost
+        need = lost / cost if cost > 0.0 else float(1 << 30)
+        h = self._horizon[idx]
+        if age < need:
+            self._horizon[idx] = int(need) + 1 if need < (1 << 30) else 1 << 30
+            return False
+        h = h + h if h < (1 << 29) else h
+        self._horizon[idx] = h
+        return True
+
+    def _cold_probe_due(self, idx: int, home: Mode) -> bool:
+        """A cold bucket's first probe, unless the nearest measured bucket
+        says it would lose more than ``explore_cost`` of the steps this bucket
+        has run so far (then it waits, like a stale probe)."""
+        seen = self._seen[idx] + 1
+        self._seen[idx] = seen
+        g = self._neighbor_gain(idx)
+        if g is None or g < -0.99:
+            return True
+        acc = self._acc
+        n = self.probe_steps
+        rr = self._resync_rel
+        if home is _PLAIN:  # SPEC probe, in PLAIN steps: ts/tp = acc/(1+g)
+            lost = n * (acc / (1.0 + g) - 1.0) + rr * acc / (1.0 + g)
+        else:  # PLAIN probe, in SPEC steps: tp/ts = (1+g)/acc
+            lost = n * ((1.0 + g) - 1.0) / acc + rr
+        return seen * self.explore_cost >= lost
+
     def _start_probe(self, mode: Mode, idx: int) -> Mode:
-        self._credit -= self.probe_steps
+        self._credit -= 1.0
         self._probe_mode = mode
-        self._probe_left = self.probe_steps - 1
+        self._probe_left = 4 * self.probe_steps  # the longest a probe may run
+        self._probe_done = 0
+        self._probe_got = 0
         self._explored += 1
         return mode
 
@@ -316,9 +407,11 @@ class Goodput:
         alpha = self.ema_alpha
         dt = outcome.interval_s
         if mode is _SPEC or mode == 0:
-            n = self._n_acc + 1
+            # weight by the requests behind the sample: a step of a small batch
+            # says less about acceptance than one of a large batch
+            n = self._n_acc + b
             self._n_acc = n
-            a = 1.0 / n if n * alpha < 1.0 else alpha
+            a = b / n if n * alpha < b else alpha * (b if b < 8 else 8) * 0.125
             self._acc += a * (outcome.tokens / b - self._acc)
             if dt is None or dt <= 0.0:
                 return
@@ -326,13 +419,26 @@ class Goodput:
                 # first SPEC step after PLAIN: carries the draft resync
                 if self._ns[idx] > 0:
                     self._note_resync(dt, self._ts[idx])
-                else:
-                    self._pending_first = dt
-                    self._pending_idx = idx
+                    return
+                # no steady sample yet: keep it for the resync estimate, and
+                # start the bucket from it, less the resync measured so far
+                self._pending_first = dt
+                self._pending_idx = idx
+                self._ns[idx] = 1
+                # (an upper bound while no resync was measured: errs to PLAIN)
+                rr = self._resync_rel if self._n_resync else 0.0
+                self._ts[idx] = dt / (1.0 + rr)
+                self._last_s[idx] = step
+                self._weak[idx] = True
                 return
+            if self._weak[idx]:  # replace the start value by a real sample
+                self._weak[idx] = False
+                self._ns[idx] = 0
             n = self._ns[idx] + 1
             self._ns[idx] = n
             self._last_s[idx] = step
+            if self._probe_left and self._probe_mode is _SPEC:
+                self._probe_got += 1
             a = 1.0 / n if n * alpha < 1.0 else alpha
             ts = self._ts[idx]
             ts += a * (dt - ts)
@@ -346,6 +452,8 @@ class Goodput:
             n = self._np[idx] + 1
             self._np[idx] = n
             self._last_p[idx] = step
+            if self._probe_left and self._probe_mode is _PLAIN:
+                self._probe_got += 1
             a = 1.0 / n if n * alpha < 1.0 else alpha
             self._tp[idx] += a * (dt - self._tp[idx])
 
@@ -367,6 +475,14 @@ GOODPUT_SETTINGS = {
         0.03,
         "largest share of decode steps spent probing the mode not chosen",
         0.0,
+        0.5,
+    ),
+    "explore_cost": Setting(
+        float,
+        0.01,
+        "re-probe a decided bucket only when the probe's expected loss (time) is "
+        "at most this share of the time since the last probe",
+        0.0001,
         0.5,
     ),
     "stale_steps": Setting(

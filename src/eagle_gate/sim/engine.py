@@ -449,6 +449,9 @@ class Simulator:
             else:
                 dur = prof.plain_time(b, kv)
                 self._plain_run += 1
+                # the step's acceptance draws are used up either way (the
+                # oracle peeks at them; common random numbers across policies)
+                self._ptr = (self._ptr + b) & _MASK
                 for i in range(b):
                     r = run_rem[i] - 1
                     run_rem[i] = r
@@ -512,7 +515,7 @@ class Simulator:
             if done < 0:
                 continue
             completed += 1
-            if rid in self._r_initial or done <= warm:
+            if done <= warm:
                 continue
             n = self._r_target[rid]
             if n > 1:

@@ -91,7 +91,7 @@ def tune_threshold_for(profile: Profile, quick: bool = True) -> tuple[int, int]:
 
     def evaluate(make: Callable[[], Any]) -> float:
         total = 0.0
-        for (_, sc), ref in zip(scen, best_ref):
+        for (_, sc), ref in zip(scen, best_ref, strict=True):
             total += math.log(Simulator(profile, sc).run(make()).tok_s / ref)
         return total
 

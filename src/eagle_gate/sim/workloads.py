@@ -37,8 +37,9 @@ def _step_time(profile: Profile, c: int) -> float:
 
 def grid_steps(c: int, quick: bool) -> int:
     """Decode steps (approximately) simulated per grid point."""
-    steps = max(300, min(2400, 40000 // c))
-    return steps // 3 if quick else steps
+    if quick:
+        return max(300, min(800, 12000 // c))
+    return max(500, min(2400, 40000 // c))
 
 
 def grid_scenarios(

@@ -1,0 +1,176 @@
+"""The goodput policy on synthetic cost curves (no simulator, no wall clock)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from eagle_gate.goodput import (
+    GOODPUT_SETTINGS,
+    Goodput,
+    batch_bucket,
+    context_bucket,
+    eagle_gate_policies,
+)
+from eagle_gate.policy import Mode, Policy, StepOutcome, StepView
+from eagle_gate.settings import validate_settings
+
+
+def drive(
+    policy,
+    steps,
+    batch,
+    t_plain,
+    t_spec,
+    acc,
+    *,
+    resync=0.0,
+    none_every=0,
+    ctx=1000,
+    start=0,
+):
+    """Run ``steps`` decode steps; outcomes arrive one step late. ``batch``,
+    ``t_plain``, ``t_spec`` and ``acc`` may be callables of the step."""
+    view = StepView(num_draft_tokens=4)
+    modes = []
+    pending = None
+    prev = None
+    for i in range(start, start + steps):
+        b = batch(i) if callable(batch) else batch
+        view.update(batch_size=b, step=i, seq_len_sum=b * ctx)
+        mode = policy.decide(view)
+        assert isinstance(mode, Mode)
+        if pending is not None:
+            policy.observe(pending)
+        tp = t_plain(i) if callable(t_plain) else t_plain
+        ts = t_spec(i) if callable(t_spec) else t_spec
+        a = acc(i) if callable(acc) else acc
+        if mode is Mode.SPEC:
+            dt = ts + (resync if prev is Mode.PLAIN else 0.0)
+            tokens = round(a * b)
+        else:
+            dt = tp
+            tokens = b
+        interval = None if none_every and i % none_every == 0 else dt
+        pending = StepOutcome(mode, b, tokens, (1,) * b, interval, i)
+        modes.append(mode)
+        prev = mode
+    if pending is not None:
+        policy.observe(pending)
+    return modes
+
+
+def share(modes, mode, last=None):
+    xs = modes[-last:] if last else modes
+    return sum(m is mode for m in xs) / len(xs)
+
+
+def test_registered_with_typed_settings():
+    (factory,) = eagle_gate_policies()
+    assert factory.name == "goodput"
+    values = validate_settings(
+        "goodput", factory.settings, {"max_explore_share": "0.1"}
+    )
+    assert values["max_explore_share"] == 0.1
+    pol = factory.create(**values)
+    assert isinstance(pol, Policy)
+    assert pol.name == "goodput"
+    assert set(GOODPUT_SETTINGS) == set(values)
+
+
+def test_buckets_monotone():
+    last = -1
+    for b in range(1, 5000):
+        i = batch_bucket(b)
+        assert i >= last
+        last = i
+    assert batch_bucket(0) == 0
+    assert context_bucket(100) == 0
+    assert context_bucket(2000) == 1
+    assert context_bucket(10_000) == 2
+    assert context_bucket(10**7) == 4
+
+
+def test_picks_plain_where_plain_is_faster():
+    # SPEC: 2.2 tokens in 30 ms (73/s), PLAIN: 1 token in 11 ms (91/s)
+    pol = Goodput()
+    modes = drive(pol, 3000, 4, 0.011, 0.030, 2.2, resync=0.004)
+    assert share(modes, Mode.PLAIN, last=2000) > 0.98
+    assert pol.explored_share <= pol.max_explore_share + 2 * pol.probe_steps / 3000
+
+
+def test_picks_spec_where_spec_is_faster():
+    # SPEC: 3.3 tokens in 9 ms, PLAIN: 1 token in 6.3 ms
+    pol = Goodput()
+    modes = drive(pol, 3000, 1, 0.0063, 0.009, 3.3, resync=0.001)
+    assert share(modes, Mode.SPEC, last=2000) > 0.98
+
+
+def test_follows_batch_size_crossover():
+    # spec wins at small batches, plain at large ones
+    def t_spec(i, b=None):
+        return 0.009 + 0.0008 * batch(i)
+
+    def batch(i):
+        return 2 if (i // 2000) % 2 == 0 else 128
+
+    pol = Goodput()
+    modes = drive(pol, 8000, batch, lambda i: 0.006 + 0.0001 * batch(i), t_spec, 3.0)
+    for seg in range(4):
+        part = modes[seg * 2000 + 300 : (seg + 1) * 2000]
+        want = Mode.SPEC if seg % 2 == 0 else Mode.PLAIN
+        assert share(part, want) > 0.95, seg
+
+
+def test_exploration_within_bound_and_does_not_flap():
+    # near a tie with noisy timings: few switches, bounded exploration
+    def noisy(base, k):
+        return lambda i: base * (1.0 + 0.05 * math.sin(i * k))
+
+    pol = Goodput()
+    steps = 20000
+    drive(pol, steps, 16, noisy(0.020, 1.3), noisy(0.041, 0.7), 2.0, resync=0.01)
+    limit = pol.max_explore_share + (2 * pol.probe_steps + 4 * pol.probe_steps) / steps
+    assert pol.explored_share <= limit
+    assert pol.switches <= steps / pol.dwell_steps / 4
+    assert pol.switches < 50
+
+
+def test_dwell_follows_measured_resync():
+    cheap = Goodput()
+    drive(cheap, 3000, 8, 0.010, 0.012, 2.0, resync=0.0005)
+    dear = Goodput()
+    drive(dear, 3000, 8, 0.010, 0.012, 2.0, resync=0.012)
+    assert dear.resync_rel > cheap.resync_rel
+    assert dear.dwell_steps > cheap.dwell_steps
+    assert dear.dwell_steps == math.ceil(dear.resync_rel / dear.switch_overhead)
+
+
+def test_none_intervals_are_ignored_for_timing():
+    pol = Goodput()
+    drive(pol, 3000, 4, 0.011, 0.030, 2.2, none_every=2)
+    tp, ts, acc, n_plain, n_spec = pol.estimates(4, 1000)
+    assert tp == pytest.approx(0.011)
+    assert ts == pytest.approx(0.030, rel=0.05)
+    assert acc == pytest.approx(2.2, rel=0.05)
+
+
+def test_deterministic_given_inputs():
+    a, b = Goodput(), Goodput()
+    args = (
+        5000,
+        lambda i: 1 + (i * 37) % 200,
+        0.01,
+        lambda i: 0.02 + (i % 7) * 1e-3,
+        2.5,
+    )
+    assert drive(a, *args) == drive(b, *args)
+
+
+def test_cold_start_and_settings_validation():
+    pol = Goodput(initial_mode="plain")
+    view = StepView(batch_size=3, step=0, seq_len_sum=3000)
+    assert pol.decide(view) is Mode.PLAIN
+    with pytest.raises(ValueError):
+        validate_settings("goodput", GOODPUT_SETTINGS, {"initial_mode": "maybe"})

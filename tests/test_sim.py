@@ -1,0 +1,160 @@
+"""Simulator accounting, calibration and policy behaviour (simulated time only)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle_gate.goodput import Goodput
+from eagle_gate.policies import AlwaysSpec, NeverSpec
+from eagle_gate.sim import Scenario, Segment, Simulator, get_profile, load_profile_file
+from eagle_gate.sim.__main__ import main as sim_main
+from eagle_gate.sim.baselines import EmaTier, Oracle
+from eagle_gate.sim.workloads import grid_scenarios
+
+SEED_JSON = Path("/work/shared/data/seed-pcie-tp8.json")
+SEED = {
+    "concurrency": [1, 2, 5, 10, 30, 70, 100, 250],
+    "baseline_tok_s": [92.6, 159.7, 292.5, 457.2, 711.0, 784.2, 761.6, 772.1],
+    "eagle3_tok_s": [77.5, 125.1, 183.2, 239.6, 299.5, 337.7, 338.8, 340.9],
+}
+
+
+def small_scenario(closed=True, level=6.0, dur=3.0):
+    return Scenario(
+        name="t", segments=(Segment(dur, level),), closed_loop=closed, seed=3
+    )
+
+
+@pytest.mark.parametrize("policy", [AlwaysSpec, NeverSpec, Goodput, EmaTier, Oracle])
+@pytest.mark.parametrize("closed", [True, False])
+def test_token_and_time_accounting(policy, closed):
+    prof = get_profile("single-gpu-8b")
+    sim = Simulator(prof, small_scenario(closed, 6.0 if closed else 40.0), record=True)
+    res = sim.run(policy())
+    acct = sim.request_accounting()
+    assert res.completed > 0
+    emitted = 0
+    for target, got, done in acct:
+        assert got <= target
+        if done:
+            assert got == target  # a finished request got exactly its tokens
+        emitted += got
+    assert emitted == res.total_tokens
+    assert res.busy_s == pytest.approx(res.clock_s)  # every second is accounted
+    assert res.clock_s >= 3.0
+
+
+def test_outcomes_arrive_one_step_late():
+    prof = get_profile("seed-pcie-tp8")
+    sim = Simulator(prof, small_scenario(level=4.0, dur=2.0), record=True)
+    res = sim.run(Goodput())
+    decided = [s for kind, s in sim.events if kind == "decide"]
+    observed = [s for kind, s in sim.events if kind == "observe"]
+    assert decided == list(range(res.decode_steps))
+    assert observed == decided  # each outcome exactly once, in order
+    pos = {ev: i for i, ev in enumerate(sim.events)}
+    for s in decided[:-1]:
+        # outcome of step s is delivered after the decision of step s+1
+        assert pos[("observe", s)] > pos[("decide", s + 1)]
+
+
+def test_views_are_reused_and_outcomes_follow_contract():
+    prof = get_profile("single-gpu-8b")
+    seen_views = set()
+    outcomes = []
+
+    class Spy:
+        name = "spy"
+
+        def decide(self, view):
+            seen_views.add(id(view))
+            assert view.batch_size > 0
+            assert view.seq_len_max >= view.seq_len_sum // view.batch_size
+            return AlwaysSpec().decide(view)
+
+        def observe(self, outcome):
+            outcomes.append(outcome)
+
+    Simulator(prof, small_scenario()).run(Spy())
+    assert len(seen_views) == 1
+    assert any(o.interval_s is None for o in outcomes)  # after prefills
+    for o in outcomes:
+        assert o.tokens == sum(o.accept_lens)
+        assert len(o.accept_lens) == o.batch_size
+        assert all(1 <= a <= prof.num_draft_tokens for a in o.accept_lens)
+
+
+def test_seed_profile_calibrated_within_5_percent():
+    data = json.loads(SEED_JSON.read_text()) if SEED_JSON.exists() else SEED
+    prof = get_profile("seed-pcie-tp8")
+    scen = dict(grid_scenarios(prof))
+    for c, base, eagle in zip(
+        data["concurrency"], data["baseline_tok_s"], data["eagle3_tok_s"], strict=True
+    ):
+        never = Simulator(prof, scen[c]).run(NeverSpec()).tok_s
+        always = Simulator(prof, scen[c]).run(AlwaysSpec()).tok_s
+        assert abs(never / base - 1) < 0.05, (c, never, base)
+        assert abs(always / eagle - 1) < 0.05, (c, always, eagle)
+
+
+@pytest.mark.parametrize("name", ["seed-pcie-tp8", "single-gpu-8b", "long-context"])
+def test_goodput_close_to_better_fixed_mode(name):
+    prof = get_profile(name)
+    for c, sc in grid_scenarios(prof, quick=True):
+        if c not in (1, 30, 250):
+            continue
+        gp = Simulator(prof, sc).run(Goodput()).tok_s
+        best = max(
+            Simulator(prof, sc).run(AlwaysSpec()).tok_s,
+            Simulator(prof, sc).run(NeverSpec()).tok_s,
+        )
+        assert gp >= 0.95 * best, (name, c, gp, best)
+
+
+def test_profile_files(tmp_path):
+    js = tmp_path / "p.json"
+    js.write_text(
+        json.dumps(
+            {
+                "name": "mine",
+                "plain_fixed": 0.01,
+                "classes": {"code": 0.8, "chat": 0.4},
+                "prompt_len": [100, 200],
+                "spec_table": [[1, 0.02], [64, 0.05]],
+            }
+        )
+    )
+    prof = load_profile_file(js)
+    assert prof.name == "mine" and prof.prompt_len == (100, 200)
+    assert prof.spec_time(32, 0) == pytest.approx(0.02 + 0.03 * 31 / 63)
+    if sys.version_info >= (3, 11):
+        tm = tmp_path / "p.toml"
+        tm.write_text('name = "t"\nverify_fixed = 0.02\n[classes]\ncode = 0.7\n')
+        assert load_profile_file(tm).verify_fixed == 0.02
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "x", "bogus": 1}))
+    with pytest.raises(ValueError, match="bogus"):
+        load_profile_file(bad)
+
+
+def test_cli_quick(tmp_path, capsys):
+    rc = sim_main(
+        [
+            "--profile",
+            "single-gpu-8b",
+            "--workload",
+            "ramp",
+            "--quick",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "profile single-gpu-8b / workload ramp" in out
+    assert "goodput" in out and "oracle" in out
+    assert (tmp_path / "single-gpu-8b.txt").exists()
