@@ -120,3 +120,21 @@ def test_gate_requested_only_when_asked():
     assert gate_requested({"EAGLE_GATE_POLICY": "never"})
     assert gate_requested({"EAGLE_GATE_ENABLE": "1"})
     assert not gate_requested({"EAGLE_GATE_ENABLE": "0", "EAGLE_GATE_POLICY": "x"})
+
+
+def test_draft_sync_and_plain_step_sources_and_errors(tmp_path):
+    assert resolve_config(environ={}).draft_sync == "eager"
+    assert resolve_config(environ={}).plain_step is True
+    path = write(tmp_path, 'draft_sync = "none"\nplain_step = false\n')
+    config = resolve_config(environ={"EAGLE_GATE_CONFIG": path})
+    assert (config.draft_sync, config.plain_step) == ("none", False)
+    env = {"EAGLE_GATE_CONFIG": path, "EAGLE_GATE_PLAIN_STEP": "on"}
+    config = resolve_config(environ=env, cli_draft_sync="eager")
+    assert (config.draft_sync, config.plain_step) == ("eager", True)
+    assert GateConfig.from_json(config.to_json()) == config
+    with pytest.raises(ConfigError, match="'sometimes'"):
+        resolve_config(environ={}, cli_draft_sync="sometimes")
+    with pytest.raises(ConfigError, match="not implemented yet"):
+        resolve_config(environ={"EAGLE_GATE_DRAFT_SYNC": "lazy"})
+    with pytest.raises(ConfigError, match="plain_step: value 'maybe'"):
+        resolve_config(environ={"EAGLE_GATE_PLAIN_STEP": "maybe"})

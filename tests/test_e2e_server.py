@@ -151,7 +151,10 @@ def test_bad_policy_setting_fails_before_the_model_loads(tmp_path):
 def test_unknown_policy_lists_the_available_ones(tmp_path):
     out, _ = run_launch(GATE_LAUNCH + ["--model-path", "x", "--gate-policy", "turbo"])
     assert out.returncode == 2
-    assert "unknown policy 'turbo'; available: always, goodput, never, threshold" in out.stderr
+    assert (
+        "unknown policy 'turbo'; available: always, goodput, never, threshold"
+        in out.stderr
+    )
 
 
 def test_unhandled_speculative_algorithm_is_refused_at_launch(tiny_model):

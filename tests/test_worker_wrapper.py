@@ -12,7 +12,7 @@ import pytest
 import sglang_env
 import torch
 
-from eagle_gate.adapters._base import ACTIVE, make_worker_wrapper
+from eagle_gate.adapters._base import ACTIVE, PlainStep, make_worker_wrapper
 from eagle_gate.config import GateConfig
 from eagle_gate.plugins import get_policy_factory
 from eagle_gate.policy import Mode
@@ -118,11 +118,27 @@ def test_plain_decision_with_a_plain_step_calls_it(gate, gpu_forward_stand_in, m
     policy, views = gate
     policy.answer = Mode.PLAIN
     ACTIVE.runtime.plain_step_available = True
-    ACTIVE.plain_step = mocker.Mock(return_value=GenerationBatchResult())
-    result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, decode_batch([3]))
+    run = mocker.Mock(return_value=GenerationBatchResult())
+    ACTIVE.plain_step = PlainStep(run=run, blocker=lambda batch: None)
+    batch = decode_batch([3])
+    result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, batch)
     assert gpu_forward_stand_in.call_count == 0
-    assert ACTIVE.plain_step.call_count == 1
+    assert run.call_count == 1 and run.call_args.args[1] is batch
     assert result.eagle_gate_mode is Mode.PLAIN
+
+
+def test_a_batch_the_plain_step_cannot_serve_runs_spec_counted_by_reason(
+    gate, gpu_forward_stand_in, mocker
+):
+    policy, views = gate
+    policy.answer = Mode.PLAIN
+    ACTIVE.runtime.plain_step_available = True
+    run = mocker.Mock()
+    ACTIVE.plain_step = PlainStep(run=run, blocker=lambda batch: "logprobs")
+    result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, decode_batch([3]))
+    assert run.call_count == 0 and gpu_forward_stand_in.call_count == 1
+    assert result.eagle_gate_mode is Mode.SPEC
+    assert ACTIVE.runtime.overrides == {"logprobs": 1}
 
 
 def test_raising_policy_runs_stock_step(gate, gpu_forward_stand_in):

@@ -1,14 +1,52 @@
-"""``eagle-gate`` command line: read the gate's status from outside a server."""
+"""``eagle-gate`` command line: read the gate's status from outside a server,
+and change its policy at runtime.
+
+``eagle-gate status --url http://HOST:PORT`` reads ``GET /eagle_gate/status``
+from the server; ``--pid`` / ``--status-dir`` read the scheduler status files
+directly (same machine). The exit status is 0 when every scheduler is alive,
+all ranks agree on policy, settings and configuration version, and the gate is
+not degraded; 1 otherwise.
+
+``eagle-gate set-policy --url URL [--policy NAME] [--set KEY=VALUE ...]`` posts
+a runtime change (``POST /eagle_gate/policy``). ``--api-key`` (or the
+environment variable ``EAGLE_GATE_API_KEY``) is sent as a bearer token.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 
 from eagle_gate.runtime import default_status_dir
-from eagle_gate.status import read_status
+from eagle_gate.status import aggregate, read_status
+
+STATUS_PATH = "/eagle_gate/status"
+POLICY_PATH = "/eagle_gate/policy"
+
+
+def _request(url: str, api_key: str | None, body: dict | None = None):
+    headers = {"Accept": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read().decode() or "null")
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode(errors="replace")
+        try:
+            return exc.code, json.loads(text)
+        except ValueError:
+            return exc.code, {"error": text}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -20,6 +58,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = status.add_mutually_exclusive_group(required=True)
     where.add_argument("--pid", type=int, help="the SGLang server's (launcher's) pid")
     where.add_argument("--status-dir", help="the status directory the server uses")
+    where.add_argument(
+        "--url", help="the server's base URL (reads GET /eagle_gate/status)"
+    )
+    status.add_argument(
+        "--api-key", help="bearer token for --url (env EAGLE_GATE_API_KEY)"
+    )
+    change = sub.add_parser(
+        "set-policy", help="change the policy or its settings on a running server"
+    )
+    change.add_argument("--url", required=True, help="the server's base URL")
+    change.add_argument("--policy", help="the new policy (default: keep)")
+    change.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="a setting, repeatable (values are parsed as JSON if they can be)",
+    )
+    change.add_argument("--api-key", help="bearer token (env EAGLE_GATE_API_KEY)")
     sub.add_parser("policies", help="list the installed policies and their settings")
     args = parser.parse_args(argv)
 
@@ -33,13 +90,45 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"    {describe_setting(key, setting)}")
         return 0
 
+    api_key = getattr(args, "api_key", None) or os.environ.get("EAGLE_GATE_API_KEY")
+    if args.command == "set-policy":
+        settings = {}
+        for item in args.set:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                parser.error(f"--set {item!r} is not KEY=VALUE")
+            try:
+                settings[key.strip()] = json.loads(value)
+            except ValueError:
+                settings[key.strip()] = value
+        body: dict = {"settings": settings}
+        if args.policy:
+            body["policy"] = args.policy
+        code, reply = _request(args.url.rstrip("/") + POLICY_PATH, api_key, body)
+        print(json.dumps(reply, indent=1))
+        return 0 if code == 202 else 1
+
+    if args.url:
+        try:
+            code, view = _request(args.url.rstrip("/") + STATUS_PATH, api_key)
+        except (urllib.error.URLError, OSError) as exc:
+            print(f"eagle-gate: cannot read {args.url}: {exc}", file=sys.stderr)
+            return 1
+        print(json.dumps(view, indent=1))
+        if code != 200:
+            print(f"eagle-gate: HTTP {code} from {args.url}", file=sys.stderr)
+            return 1
+        return 0 if view.get("ok") else 1
     directory = args.status_dir or default_status_dir(args.pid)
     records = read_status(directory)
-    print(json.dumps({"status_dir": str(directory), "schedulers": records}, indent=1))
+    from eagle_gate.control import read_request
+
+    view = aggregate(directory, records, read_request(directory))
+    print(json.dumps(view, indent=1))
     if not records:
         print(f"eagle-gate: no scheduler status in {directory}", file=sys.stderr)
         return 1
-    return 0 if all(r["alive"] for r in records) else 1
+    return 0 if view["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -3,13 +3,17 @@
 Sources, highest precedence first:
 
 1. command line: ``--gate-policy NAME``, ``--gate-set KEY=VALUE`` (repeatable),
-   ``--gate-config FILE.toml``, ``--gate-status-dir DIR``;
+   ``--gate-config FILE.toml``, ``--gate-status-dir DIR``,
+   ``--gate-draft-sync eager|none``, ``--gate-plain-step on|off``;
 2. environment: ``EAGLE_GATE_POLICY``, ``EAGLE_GATE_SET`` ("k=v,k2=v2"),
-   ``EAGLE_GATE_CONFIG``, ``EAGLE_GATE_STATUS_DIR``;
+   ``EAGLE_GATE_CONFIG``, ``EAGLE_GATE_STATUS_DIR``, ``EAGLE_GATE_DRAFT_SYNC``,
+   ``EAGLE_GATE_PLAIN_STEP``;
 3. the TOML config file (from 1 or 2)::
 
        policy = "threshold"
        status_dir = "/run/eagle_gate"
+       draft_sync = "eager"
+       plain_step = true
 
        [settings]
        plain_above = 16
@@ -61,10 +65,16 @@ ENV_SET = "EAGLE_GATE_SET"
 ENV_CONFIG = "EAGLE_GATE_CONFIG"
 ENV_STATUS_DIR = "EAGLE_GATE_STATUS_DIR"
 ENV_RESOLVED = "EAGLE_GATE_RESOLVED"
+ENV_DRAFT_SYNC = "EAGLE_GATE_DRAFT_SYNC"
+ENV_PLAIN_STEP = "EAGLE_GATE_PLAIN_STEP"
+
+#: how a plain step keeps the EAGLE draft model's state (see README).
+DRAFT_SYNC_CHOICES = ("eager", "none")
+DEFAULT_DRAFT_SYNC = "eager"
 #: turns the gate on with all defaults (0.5.23's stock launcher path).
 ENV_ENABLE = "EAGLE_GATE_ENABLE"
 
-_FILE_KEYS = {"policy", "settings", "status_dir"}
+_FILE_KEYS = {"policy", "settings", "status_dir", "draft_sync", "plain_step"}
 
 
 class ConfigError(ValueError):
@@ -78,6 +88,10 @@ class GateConfig:
     policy: str
     settings: dict[str, Any] = field(default_factory=dict)
     status_dir: str | None = None
+    #: how a plain step keeps the draft model's state: "eager" or "none".
+    draft_sync: str = DEFAULT_DRAFT_SYNC
+    #: False: PLAIN decisions run SGLang's speculative step (an override).
+    plain_step: bool = True
 
     def to_json(self) -> str:
         return json.dumps(
@@ -85,6 +99,8 @@ class GateConfig:
                 "policy": self.policy,
                 "settings": self.settings,
                 "status_dir": self.status_dir,
+                "draft_sync": self.draft_sync,
+                "plain_step": self.plain_step,
             },
             sort_keys=True,
         )
@@ -97,6 +113,8 @@ class GateConfig:
                 policy=str(data["policy"]),
                 settings=dict(data.get("settings") or {}),
                 status_dir=data.get("status_dir"),
+                draft_sync=data.get("draft_sync", DEFAULT_DRAFT_SYNC),
+                plain_step=bool(data.get("plain_step", True)),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"{ENV_RESOLVED} is not valid: {exc}") from exc
@@ -164,6 +182,8 @@ def resolve_config(
     cli_sets: Sequence[str] = (),
     cli_config: str | None = None,
     cli_status_dir: str | None = None,
+    cli_draft_sync: str | None = None,
+    cli_plain_step: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> GateConfig:
     """Merge all sources by precedence and validate the result completely.
@@ -181,6 +201,18 @@ def resolve_config(
         cli_status_dir or env.get(ENV_STATUS_DIR) or file_data.get("status_dir")
     )
 
+    draft_sync = _choice(
+        "draft_sync",
+        cli_draft_sync or env.get(ENV_DRAFT_SYNC) or file_data.get("draft_sync"),
+        DRAFT_SYNC_CHOICES,
+        DEFAULT_DRAFT_SYNC,
+    )
+    plain_step = _switch(
+        "plain_step",
+        cli_plain_step if cli_plain_step is not None else env.get(ENV_PLAIN_STEP),
+        file_data.get("plain_step", True),
+    )
+
     raw: dict[str, Any] = dict(file_data.get("settings", {}))
     raw.update(parse_assignments(_split_env_set(env.get(ENV_SET, "")), ENV_SET))
     raw.update(parse_assignments(cli_sets, "--gate-set"))
@@ -191,9 +223,42 @@ def resolve_config(
     except (LookupError, SettingsError) as exc:
         where = f" (config file {config_path!r})" if config_path else ""
         raise ConfigError(f"{exc.args[0]}{where}") from None
-    config = GateConfig(policy=policy, settings=values, status_dir=status_dir)
+    config = GateConfig(
+        policy=policy,
+        settings=values,
+        status_dir=status_dir,
+        draft_sync=draft_sync,
+        plain_step=plain_step,
+    )
     config.create_policy()
     return config
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...], default: str) -> str:
+    if value is None or value == "":
+        return default
+    if value == "lazy" and name == "draft_sync":
+        raise ConfigError(
+            "draft_sync 'lazy' is not implemented yet; allowed: " + ", ".join(choices)
+        )
+    if value not in choices:
+        raise ConfigError(
+            f"{name}: value {value!r} is not allowed; expected one of "
+            + ", ".join(repr(c) for c in choices)
+        )
+    return value
+
+
+def _switch(name: str, value: Any, fallback: Any) -> bool:
+    raw = fallback if value is None or value == "" else value
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in {"on", "true", "1", "yes"}:
+        return True
+    if text in {"off", "false", "0", "no"}:
+        return False
+    raise ConfigError(f"{name}: value {raw!r} is not allowed; expected on or off")
 
 
 def gate_requested(environ: Mapping[str, str] | None = None) -> bool:

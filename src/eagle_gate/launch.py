@@ -48,6 +48,25 @@ def add_gate_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup
         "(env EAGLE_GATE_STATUS_DIR; default $TMPDIR/eagle_gate-<server pid>)",
     )
     parser.add_argument(
+        "--gate-draft-sync",
+        choices=("eager", "none"),
+        help="how a PLAIN step keeps the EAGLE draft model's state: eager (a "
+        "one-token draft extend, exact resume) or none (cold recovery) "
+        "(env EAGLE_GATE_DRAFT_SYNC; default eager)",
+    )
+    parser.add_argument(
+        "--gate-plain-step",
+        choices=("on", "off"),
+        help="off: PLAIN decisions run SGLang's speculative step and are counted "
+        "as overrides (env EAGLE_GATE_PLAIN_STEP; default on)",
+    )
+    parser.add_argument(
+        "--gate-decision-log",
+        metavar="DIR",
+        help="opt in to a rate-limited JSON-lines log of decisions and outcomes, "
+        "one file per scheduler process in DIR (env EAGLE_GATE_DECISION_LOG)",
+    )
+    parser.add_argument(
         "--gate-allow-untested-sglang",
         action="store_true",
         help="try the nearest adapter on an unsupported SGLang version, after "
@@ -117,9 +136,15 @@ def prepare(argv: Sequence[str], environ: dict | None = None):
         cli_sets=gate_args.gate_set,
         cli_config=gate_args.gate_config,
         cli_status_dir=gate_args.gate_status_dir,
+        cli_draft_sync=gate_args.gate_draft_sync,
+        cli_plain_step=gate_args.gate_plain_step,
         environ=env,
     )
     env[ENV_RESOLVED] = config.to_json()
+    if gate_args.gate_decision_log:
+        from eagle_gate.decision_log import ENV_DECISION_LOG
+
+        env[ENV_DECISION_LOG] = os.path.abspath(gate_args.gate_decision_log)
     flags = speculative_flags(rest)
     if adapter.NAME == "sglang-0.5.9" and flags.speculative_algorithm:
         if env.get("SGLANG_ENABLE_SPEC_V2") != "1":
@@ -185,6 +210,10 @@ def run(adapter, config: GateConfig, sglang_argv: list[str]) -> int:
     )
     from sglang.srt.utils import kill_process_tree
 
+    from eagle_gate import http_api
+
+    # GET /eagle_gate/status, POST /eagle_gate/policy on SGLang's own app.
+    http_api.install_when_imported()
     try:
         adapter.serve(server_args)
     finally:

@@ -4,18 +4,35 @@ The adapters call :meth:`GateRuntime.decide` before a decode batch and
 :meth:`GateRuntime.observe` when its result is resolved. Everything here is
 plain Python (no SGLang, no torch) so it is tested directly.
 
-Never breaking the server: a policy that raises or returns something other
-than a :class:`Mode` makes that step run SGLang's stock speculative path; a
-counter rises and at most one log line per minute says why.
+Never breaking the server:
+
+* a policy that raises or returns something other than a :class:`Mode` makes
+  that step run SGLang's stock speculative path; a counter rises and at most
+  one log line per minute says why;
+* a ``decide`` slower than ``decide_budget_s`` (two ``perf_counter`` reads per
+  step) is counted (``slow_decisions``) and logged at most once a minute;
+* a plain step that raises runs the stock step instead
+  (:meth:`GateRuntime.run_plain_step`); after ``plain_failures_to_degrade``
+  consecutive failures the gate *degrades*: for the rest of the run every step
+  is SGLang's stock speculative step, the policy is no longer asked, and status
+  and metrics say so.
+
+Hot-path cost: ``decide`` and ``observe`` only touch plain ints, a fixed-size
+ring of the last decisions and (rarely) a bounded deque of finished dwells.
+Everything slower (status files, Prometheus, the decision log, runtime
+control) happens elsewhere: in the ops thread (``eagle_gate.ops``), or every
+``tick_every`` steps in :attr:`GateRuntime.on_tick` (runtime control, which
+must happen at the same step on every rank).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +41,16 @@ from eagle_gate.policy import Mode, Policy, StepOutcome, StepView
 
 logger = logging.getLogger("eagle_gate")
 
-__all__ = ["GateRuntime", "default_status_dir", "Overrides"]
+__all__ = ["GateRuntime", "default_status_dir", "Overrides", "PolicyErrors"]
 
 _LOG_EVERY_S = 60.0
+#: decisions kept for status (a fixed ring, no allocation per step).
+RING_SIZE = 32
+#: decision codes in the ring / decision log besides Mode.SPEC (0), Mode.PLAIN (1).
+DECIDED_ERROR = 2
+DECIDED_NOT_ASKED = 3
+DECIDED_NAMES = ("spec", "plain", "error", "not_asked")
+MODE_NAMES = ("spec", "plain")
 
 
 class Overrides:
@@ -34,11 +58,47 @@ class Overrides:
 
     #: the plain step is not available for this SGLang version / build yet.
     PLAIN_STEP_UNAVAILABLE = "plain_step_unavailable"
+    #: the plain step raised; the stock step ran instead.
+    PLAIN_STEP_FAILED = "plain_step_failed"
+    #: the gate degraded to stock behaviour (the policy is not asked any more).
+    DEGRADED = "degraded"
+
+
+class PolicyErrors:
+    """Reasons counted in ``policy_errors_by_reason``."""
+
+    DECIDE_RAISED = "decide_raised"
+    DECIDE_INVALID = "decide_invalid"
+    OBSERVE_RAISED = "observe_raised"
+    ALL = (DECIDE_RAISED, DECIDE_INVALID, OBSERVE_RAISED)
 
 
 def default_status_dir(server_pid: int) -> Path:
     """Where scheduler processes of server ``server_pid`` report by default."""
     return Path(tempfile.gettempdir()) / f"eagle_gate-{server_pid}"
+
+
+def policy_estimates(policy: Any) -> dict[str, float]:
+    """The policy's optional ``estimates()`` (see ``eagle_gate.policy``), or {}.
+
+    Never raises: a missing method, an exception or values that are not
+    numbers give an empty dict or drop those entries.
+    """
+    fn = getattr(policy, "estimates", None)
+    if fn is None or not callable(fn):
+        return {}
+    try:
+        raw = fn()
+        if not isinstance(raw, Mapping):
+            return {}
+        out = {}
+        for key, value in raw.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            out[str(key)] = float(value)
+        return out
+    except Exception:
+        return {}
 
 
 class GateRuntime:
@@ -56,13 +116,20 @@ class GateRuntime:
         num_draft_tokens: int = 1,
         plain_step_available: bool = False,
         clock: Callable[[], float] = time.perf_counter,
+        timer: Callable[[], float] = time.perf_counter,
+        tick_every: int = 64,
+        decide_budget_s: float = 1e-3,
+        plain_failures_to_degrade: int = 3,
     ) -> None:
+        if tick_every < 1 or tick_every & (tick_every - 1):
+            raise ValueError(f"tick_every must be a power of two, got {tick_every}")
         self.config = config
         self.policy = policy
         self.sglang_version = sglang_version
         self.adapter = adapter
         self.plain_step_available = plain_step_available
         self._clock = clock
+        self._timer = timer
         self.view = StepView(
             num_draft_tokens=num_draft_tokens, tp_rank=tp_rank, tp_size=tp_size
         )
@@ -71,10 +138,45 @@ class GateRuntime:
         self.tokens_by_mode = [0, 0]
         self.decisions_by_mode = [0, 0]
         self.policy_errors = 0
+        self.policy_errors_by_reason = dict.fromkeys(PolicyErrors.ALL, 0)
         self.overrides: dict[str, int] = {}
         self._last_log = -_LOG_EVERY_S
+        self._last_slow_log = -_LOG_EVERY_S
         self._last_resolve: float | None = None
         self._non_decode_since_resolve = True
+        # runtime control (see eagle_gate.control)
+        self.config_version = 0
+        self.last_control_error: str | None = None
+        self.tick_every = tick_every
+        self._tick_mask = tick_every - 1
+        #: called with the step number before deciding steps that are multiples
+        #: of ``tick_every`` (same steps on every rank); set by the ops layer.
+        self.on_tick: Callable[[int], None] | None = None
+        self.tick_errors = 0
+        # guards
+        self.decide_budget_s = decide_budget_s
+        self.slow_decisions = 0
+        self.max_decide_s = 0.0
+        self.plain_failures_to_degrade = plain_failures_to_degrade
+        self.plain_step_failures = 0
+        self.consecutive_plain_failures = 0
+        self.degraded: str | None = None
+        self.degraded_at_step: int | None = None
+        # the last decisions: parallel fixed-size lists, written in place
+        self._ring_step = [-1] * RING_SIZE
+        self._ring_bs = [0] * RING_SIZE
+        self._ring_decided = [0] * RING_SIZE
+        self._ring_ran = [0] * RING_SIZE
+        self._ring_pos = 0
+        # dwell: runs of one mode that ran, in resolved order
+        self.current_mode: Mode | None = None
+        self._dwell_len = 0
+        #: finished dwells ``(mode, steps)``, drained by the metrics exporter.
+        self.finished_dwells: collections.deque[tuple[int, int]] = collections.deque(
+            maxlen=4096
+        )
+        #: optional DecisionLog (eagle_gate.decision_log); None when off.
+        self.decision_log: Any = None
 
     # -- before a decode batch --------------------------------------------
     def decide(
@@ -86,30 +188,141 @@ class GateRuntime:
         """Ask the policy; return the mode to RUN and this step's number."""
         step = self.step
         self.step = step + 1
+        if not step & self._tick_mask and self.on_tick is not None:
+            self._tick(step)
+        if self.degraded is not None:
+            self.count_override(Overrides.DEGRADED)
+            return self._ran(step, batch_size, seq_len_sum, DECIDED_NOT_ASKED, None)
         view = self.view.update(
             batch_size=batch_size,
             step=step,
             seq_len_sum=seq_len_sum,
             seq_lens=seq_lens,
         )
+        timer = self._timer
+        t0 = timer()
         try:
             mode = self.policy.decide(view)
         except Exception as exc:
-            self._policy_error(f"decide raised {exc!r}")
-            return Mode.SPEC, step
+            self._policy_error(PolicyErrors.DECIDE_RAISED, f"decide raised {exc!r}")
+            return self._ran(step, batch_size, seq_len_sum, DECIDED_ERROR, None)
+        elapsed = timer() - t0
+        if elapsed > self.decide_budget_s:
+            self._slow(elapsed)
         if mode is not Mode.SPEC and mode is not Mode.PLAIN:
             # IntEnum members compare by identity; anything else is garbage.
-            self._policy_error(f"decide returned {mode!r}, not an eagle_gate.Mode")
-            return Mode.SPEC, step
+            self._policy_error(
+                PolicyErrors.DECIDE_INVALID,
+                f"decide returned {mode!r}, not an eagle_gate.Mode",
+            )
+            return self._ran(step, batch_size, seq_len_sum, DECIDED_ERROR, None)
         self.decisions_by_mode[mode] += 1
         if mode is Mode.PLAIN and not self.plain_step_available:
-            self.count_override(Overrides.PLAIN_STEP_UNAVAILABLE)
-            return Mode.SPEC, step
+            reason = Overrides.PLAIN_STEP_UNAVAILABLE
+            self.count_override(reason)
+            return self._ran(step, batch_size, seq_len_sum, mode, reason)
+        pos = self._ring_pos
+        self._ring_step[pos] = step
+        self._ring_bs[pos] = batch_size
+        self._ring_decided[pos] = mode
+        self._ring_ran[pos] = mode
+        self._ring_pos = (pos + 1) % RING_SIZE
+        log = self.decision_log
+        if log is not None:
+            log.decision(step, batch_size, seq_len_sum, mode, mode, None)
         return mode, step
+
+    def _ran(
+        self,
+        step: int,
+        batch_size: int,
+        seq_len_sum: int,
+        decided: int,
+        override: str | None,
+    ) -> tuple[Mode, int]:
+        """Record a step that runs SPEC for a reason other than the policy."""
+        pos = self._ring_pos
+        self._ring_step[pos] = step
+        self._ring_bs[pos] = batch_size
+        self._ring_decided[pos] = decided
+        self._ring_ran[pos] = Mode.SPEC
+        self._ring_pos = (pos + 1) % RING_SIZE
+        log = self.decision_log
+        if log is not None:
+            log.decision(step, batch_size, seq_len_sum, decided, Mode.SPEC, override)
+        return Mode.SPEC, step
 
     def note_non_decode_batch(self) -> None:
         """A prefill/extend batch ran: the next interval is not a decode step's."""
         self._non_decode_since_resolve = True
+
+    # -- running the plain step -------------------------------------------------
+    def run_plain_step(
+        self,
+        plain_step: Callable[..., Any],
+        plain_args: tuple,
+        stock_step: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+    ) -> tuple[Any, Mode]:
+        """Run ``plain_step(*plain_args)``; if it raises, count it, run
+        ``stock_step(*args, **kwargs)`` (SGLang's own step) and return its
+        result with ``Mode.SPEC``; else return ``(result, Mode.PLAIN)``. After
+        ``plain_failures_to_degrade`` consecutive failures the gate degrades
+        for the rest of the run.
+
+        The worker wrapper calls it as
+        ``result, mode = runtime.run_plain_step(plain.run, (instance, batch),
+        wrapped, args, kwargs)``.
+
+        Caveat under tensor parallelism: a failure that happens on some ranks
+        only, after a collective, cannot be repaired here (the ranks' steps
+        already diverged); deterministic failures (the common case: a shape or
+        a missing attribute) happen on every rank at the same step, so every
+        rank falls back and degrades at the same step.
+        """
+        try:
+            result = plain_step(*plain_args)
+        except Exception as exc:
+            self._plain_step_failed(exc)
+            return stock_step(*args, **kwargs), Mode.SPEC
+        self.consecutive_plain_failures = 0
+        return result, Mode.PLAIN
+
+    def _plain_step_failed(self, exc: BaseException) -> None:
+        self.plain_step_failures += 1
+        self.consecutive_plain_failures += 1
+        self.count_override(Overrides.PLAIN_STEP_FAILED)
+        last = (self._ring_pos - 1) % RING_SIZE
+        self._ring_ran[last] = Mode.SPEC
+        log = self.decision_log
+        if log is not None:
+            log.plain_failure(self.step - 1, repr(exc))
+        if self.consecutive_plain_failures >= self.plain_failures_to_degrade:
+            self.degrade(
+                f"the plain step failed {self.consecutive_plain_failures} times in a "
+                f"row (last: {exc!r})"
+            )
+            logger.error(
+                "eagle_gate: %s; the gate is DEGRADED: every step from now on is "
+                "SGLang's stock speculative step",
+                self.degraded,
+                exc_info=exc,
+            )
+        elif self.plain_step_failures == 1 or self.plain_step_failures % 1000 == 0:
+            logger.warning(
+                "eagle_gate: the plain step failed (%d so far: %r); this step ran "
+                "SGLang's stock speculative step",
+                self.plain_step_failures,
+                exc,
+                exc_info=exc,
+            )
+
+    def degrade(self, reason: str) -> None:
+        """Stop gating for the rest of the run (every step: stock SPEC)."""
+        if self.degraded is None:
+            self.degraded = reason
+            self.degraded_at_step = self.step
 
     # -- after the result was resolved ---------------------------------------
     def observe(self, mode: Mode, step: int, accept_lens: Sequence[int]) -> None:
@@ -124,6 +337,18 @@ class GateRuntime:
         tokens = sum(accept_lens)
         self.steps_by_mode[mode] += 1
         self.tokens_by_mode[mode] += tokens
+        if mode is self.current_mode:
+            self._dwell_len += 1
+        else:
+            if self.current_mode is not None:
+                self.finished_dwells.append((int(self.current_mode), self._dwell_len))
+            self.current_mode = mode
+            self._dwell_len = 1
+        log = self.decision_log
+        if log is not None:
+            log.outcome(step, mode, accept_lens, tokens, interval)
+        if self.degraded is not None:
+            return
         outcome = StepOutcome(
             mode=mode,
             batch_size=len(accept_lens),
@@ -135,15 +360,66 @@ class GateRuntime:
         try:
             self.policy.observe(outcome)
         except Exception as exc:
-            self._policy_error(f"observe raised {exc!r}")
+            self._policy_error(PolicyErrors.OBSERVE_RAISED, f"observe raised {exc!r}")
+
+    # -- runtime control -----------------------------------------------------
+    def _tick(self, step: int) -> None:
+        try:
+            self.on_tick(step)  # type: ignore[misc]
+        except Exception:
+            self.tick_errors += 1
+            if self.tick_errors == 1 or self.tick_errors % 1000 == 0:
+                logger.exception(
+                    "eagle_gate: runtime control failed at step %d (%d so far); "
+                    "the current policy stays",
+                    step,
+                    self.tick_errors,
+                )
+
+    def apply_config(self, config: GateConfig, version: int) -> bool:
+        """Switch to ``config`` (a new policy object) as configuration ``version``.
+
+        Returns False (and keeps the current policy) if the policy cannot be
+        created; ``last_control_error`` says why. Policy creation is
+        deterministic, so every rank reaches the same result.
+        """
+        try:
+            policy = config.create_policy()
+        except Exception as exc:
+            self.last_control_error = (
+                f"version {version}: cannot create policy {config.policy!r}: {exc}"
+            )
+            self.config_version = max(self.config_version, version)
+            logger.error("eagle_gate: %s; the current policy stays", exc)
+            return False
+        old = self.config.policy
+        self.policy = policy
+        self.config = config
+        self.config_version = version
+        self.last_control_error = None
+        log = self.decision_log
+        if log is not None:
+            log.config(self.step, version, config.policy, config.settings)
+        logger.info(
+            "eagle_gate: configuration %d from step %d: policy %r %s (was %r)",
+            version,
+            self.step,
+            config.policy,
+            config.settings,
+            old,
+        )
+        return True
 
     # -- counters ------------------------------------------------------------
     def count_override(self, reason: str) -> None:
         self.overrides[reason] = self.overrides.get(reason, 0) + 1
 
-    def _policy_error(self, what: str) -> None:
+    def _policy_error(self, reason: str, what: str) -> None:
         self.policy_errors += 1
-        now = self._clock()
+        self.policy_errors_by_reason[reason] = (
+            self.policy_errors_by_reason.get(reason, 0) + 1
+        )
+        now = time.monotonic()
         if now - self._last_log >= _LOG_EVERY_S:
             self._last_log = now
             logger.warning(
@@ -154,19 +430,61 @@ class GateRuntime:
                 self.policy_errors,
             )
 
+    def _slow(self, elapsed: float) -> None:
+        self.slow_decisions += 1
+        if elapsed > self.max_decide_s:
+            self.max_decide_s = elapsed
+        now = time.monotonic()
+        if now - self._last_slow_log >= _LOG_EVERY_S:
+            self._last_slow_log = now
+            logger.warning(
+                "eagle_gate: policy %r took %.3f ms to decide (budget %.3f ms; slow "
+                "decisions so far: %d; logged at most once a minute)",
+                self.config.policy,
+                elapsed * 1e3,
+                self.decide_budget_s * 1e3,
+                self.slow_decisions,
+            )
+
     # -- reporting -----------------------------------------------------------
+    def last_decisions(self) -> list[dict[str, Any]]:
+        """The ring of the last decisions, oldest first."""
+        out = []
+        pos = self._ring_pos
+        for i in range(RING_SIZE):
+            j = (pos + i) % RING_SIZE
+            step = self._ring_step[j]
+            if step < 0:
+                continue
+            out.append(
+                {
+                    "step": step,
+                    "batch_size": self._ring_bs[j],
+                    "decided": DECIDED_NAMES[self._ring_decided[j]],
+                    "ran": MODE_NAMES[self._ring_ran[j]],
+                }
+            )
+        return out
+
     def status(self) -> dict[str, Any]:
+        """A JSON-able snapshot (safe to call from another thread: best effort)."""
         return {
             "pid": os.getpid(),
             "server_pid": os.getppid(),
             "sglang_version": self.sglang_version,
             "adapter": self.adapter,
             "policy": self.config.policy,
-            "settings": self.config.settings,
+            "settings": dict(self.config.settings),
+            "config_version": self.config_version,
+            "last_control_error": self.last_control_error,
             "tp_rank": self.view.tp_rank,
             "tp_size": self.view.tp_size,
             "num_draft_tokens": self.view.num_draft_tokens,
             "plain_step_available": self.plain_step_available,
+            "step": self.step,
+            "mode": (
+                None if self.current_mode is None else MODE_NAMES[self.current_mode]
+            ),
             "steps": {"spec": self.steps_by_mode[0], "plain": self.steps_by_mode[1]},
             "tokens": {
                 "spec": self.tokens_by_mode[0],
@@ -177,5 +495,15 @@ class GateRuntime:
                 "plain": self.decisions_by_mode[1],
             },
             "policy_errors": self.policy_errors,
+            "policy_errors_by_reason": dict(self.policy_errors_by_reason),
+            "slow_decisions": self.slow_decisions,
+            "decide_budget_s": self.decide_budget_s,
+            "max_decide_s": self.max_decide_s,
             "overrides": dict(self.overrides),
+            "plain_step_failures": self.plain_step_failures,
+            "degraded": self.degraded is not None,
+            "degraded_reason": self.degraded,
+            "degraded_at_step": self.degraded_at_step,
+            "estimates": policy_estimates(self.policy),
+            "last_decisions": self.last_decisions(),
         }

@@ -40,6 +40,10 @@ def load() -> None:
     ) as exc:
         logger.critical("eagle_gate: cannot start: %s", exc)
         raise SystemExit(f"eagle_gate: cannot start: {exc}") from exc
+    from eagle_gate import http_api
+
+    # Routes on SGLang's app, when this process is the one serving HTTP.
+    http_api.install_when_imported()
     logger.info(
         "eagle_gate plugin loaded in pid %d: SGLang %s, adapter %s, policy %r %s",
         os.getpid(),

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_process_status", "read_status"]
+__all__ = ["write_process_status", "read_status", "aggregate"]
 
 
 def write_process_status(directory: str | os.PathLike[str], record: dict) -> Path:
@@ -49,3 +49,41 @@ def read_status(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
         records.append(record)
     records.sort(key=lambda r: (r.get("dp_rank") or 0, r.get("tp_rank") or 0))
     return records
+
+
+def _agree(records: list[dict[str, Any]], key: str) -> bool:
+    values = {json.dumps(r.get(key), sort_keys=True) for r in records}
+    return len(values) <= 1
+
+
+def aggregate(
+    directory: str | os.PathLike[str],
+    records: list[dict[str, Any]],
+    request: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One server-wide view: the records, whether the ranks agree, and the
+    last runtime-control request (``eagle_gate.control``).
+
+    ``agreement``: every scheduler reports the same policy, settings and
+    configuration version; ``pending``: a requested version not yet in effect
+    everywhere; ``ok``: at least one scheduler, all alive, agreeing, none
+    degraded.
+    """
+    live = [r for r in records if r.get("alive")]
+    agreement = {
+        key: _agree(live, key) for key in ("policy", "settings", "config_version")
+    }
+    requested = int(request.get("version", 0)) if request else 0
+    versions = [int(r.get("config_version") or 0) for r in live]
+    pending = bool(live) and requested > min(versions)
+    degraded = any(r.get("degraded") for r in live)
+    ok = bool(records) and len(live) == len(records) and all(agreement.values())
+    return {
+        "status_dir": str(directory),
+        "ok": ok and not degraded,
+        "agreement": {**agreement, "all": all(agreement.values())},
+        "degraded": degraded,
+        "requested": request,
+        "pending": pending,
+        "schedulers": records,
+    }

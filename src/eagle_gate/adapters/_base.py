@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,9 +20,9 @@ from typing import Any
 import wrapt
 
 from eagle_gate.config import GateConfig, config_from_environment
+from eagle_gate.metrics import GateMetrics, metrics_wanted
 from eagle_gate.policy import Mode
 from eagle_gate.runtime import GateRuntime, default_status_dir
-from eagle_gate.status import write_process_status
 
 logger = logging.getLogger("eagle_gate")
 
@@ -185,7 +186,13 @@ class Instrumentor:
 class _Active:
     """The gate of this process (one per scheduler process)."""
 
+    #: the runtime the wrappers use: None unless the gate is gating (idle
+    #: servers and other processes: the wrappers pass everything through).
     runtime: GateRuntime | None = None
+    #: this process's runtime whether gating or idle (status, metrics, control).
+    gate: GateRuntime | None = None
+    #: the ops thread of this process (eagle_gate.ops.OpsService), if active.
+    ops: Any = None
     #: the plain-step function of the active adapter, if it has one.
     plain_step: Callable[..., Any] | None = None
     internal_errors = 0
@@ -213,18 +220,33 @@ def make_worker_wrapper(batch_param: str) -> Callable:
         try:
             batch = _batch_arg(args, kwargs, batch_param, instance)
             fm = batch.forward_mode
-            if fm.is_extend() or batch.is_extend_in_batch or fm.is_idle():
-                if not fm.is_idle():
-                    runtime.note_non_decode_batch()
-                return wrapped(*args, **kwargs)
+            decode = not (fm.is_extend() or batch.is_extend_in_batch or fm.is_idle())
+            if not decode and not fm.is_idle():
+                runtime.note_non_decode_batch()
+        except Exception as exc:
+            _internal_error("inspecting the batch", exc)
+            return wrapped(*args, **kwargs)
+        if not decode:
+            return wrapped(*args, **kwargs)
+        try:
             mode, step = runtime.decide(
                 batch.seq_lens.shape[0], batch.seq_lens_sum, batch.seq_lens_cpu
             )
+            plain = ACTIVE.plain_step
+            if mode is Mode.PLAIN and plain is not None:
+                reason = plain.blocker(batch)
+                if reason is not None:
+                    runtime.count_override(reason)
+                    mode = Mode.SPEC
         except Exception as exc:
             _internal_error("deciding", exc)
             return wrapped(*args, **kwargs)
-        if mode is Mode.PLAIN and ACTIVE.plain_step is not None:
-            result = ACTIVE.plain_step(instance, *args, **kwargs)
+        if mode is Mode.PLAIN and plain is not None:
+            # A failing plain step runs SGLang's stock step instead (counted;
+            # repeated failures degrade the gate to stock for the rest of the run).
+            result, mode = runtime.run_plain_step(
+                plain.run, (instance, *args), wrapped, args, kwargs
+            )
         else:
             mode = Mode.SPEC
             result = wrapped(*args, **kwargs)
@@ -281,9 +303,20 @@ def activate(
     speculative_algorithm: str | None,
     plain_step: Callable[..., Any] | None = None,
     config: GateConfig | None = None,
+    control_group: Any = None,
 ) -> GateRuntime:
-    """Create this process's gate, log it once and write its status record."""
+    """Create this process's gate, log it once, write its status record and
+    start its ops thread (status, metrics, decision log, runtime control).
+
+    ``control_group``: the scheduler's attention-TP CPU process group (the
+    ranks that run the same decode batches), used with ``tp_size > 1`` to agree
+    on runtime changes; found through SGLang's parallel state when not given.
+    """
+    from eagle_gate.decision_log import DecisionLog
+    from eagle_gate.ops import OpsService, OpsSettings
+
     config = config or config_from_environment()
+    settings = OpsSettings.from_environment()
     runtime = GateRuntime(
         config,
         config.create_policy(),
@@ -293,22 +326,72 @@ def activate(
         tp_size=tp_size,
         num_draft_tokens=num_draft_tokens,
         plain_step_available=plain_step is not None,
+        tick_every=settings.tick_every,
+        decide_budget_s=settings.decide_budget_s,
+        plain_failures_to_degrade=settings.plain_failures_to_degrade,
     )
+    if ACTIVE.ops is not None:
+        ACTIVE.ops.stop()
     ACTIVE.runtime = runtime if gated else None
+    ACTIVE.gate = runtime
     ACTIVE.plain_step = plain_step
-    record = runtime.status()
-    record.update(
-        state=state,
+    extra = {
+        "state": state,
+        "dp_rank": dp_rank,
+        "speculative_algorithm": speculative_algorithm,
+    }
+    status_dir = config.status_dir or str(default_status_dir(os.getppid()))
+    # is_source: reads control requests (gating) and exports metrics.
+    broadcast, is_source, control_ok = None, tp_rank == 0, True
+    if gated and tp_size > 1:
+        try:
+            broadcast, is_source = _control_broadcast(control_group)
+        except Exception as exc:
+            control_ok = False
+            logger.warning(
+                "eagle_gate: runtime control is off in this server: no TP process "
+                "group to agree on changes (%r)",
+                exc,
+            )
+    metrics = None
+    if is_source and metrics_wanted():
+        try:
+            metrics = GateMetrics(runtime, dp_rank=dp_rank, gated=gated)
+        except Exception as exc:
+            logger.warning("eagle_gate: Prometheus metrics are off: %r", exc)
+    runtime.decision_log = DecisionLog.from_environment()
+    if runtime.decision_log is not None:
+        runtime.decision_log.start(
+            {
+                "pid": os.getpid(),
+                "tp_rank": tp_rank,
+                "tp_size": tp_size,
+                "adapter": adapter_name,
+                "sglang_version": sglang_version,
+                "num_draft_tokens": num_draft_tokens,
+                "policy": config.policy,
+                "settings": config.settings,
+                "config_version": 0,
+            }
+        )
+    ops = OpsService(
+        runtime,
+        status_dir,
+        extra,
         gated=gated,
-        dp_rank=dp_rank,
-        speculative_algorithm=speculative_algorithm,
+        settings=settings,
+        metrics=metrics,
+        control_broadcast=broadcast,
+        control_source=is_source,
+        control_available=control_ok,
     )
-    status_dir = config.status_dir or str(default_status_dir(record["server_pid"]))
-    path = write_process_status(status_dir, record)
+    ACTIVE.ops = ops
+    path = ops.write_status()
+    ops.start()
     logger.info(
         "eagle_gate active in scheduler pid %d (TP %d/%d): SGLang %s, adapter %s, "
         "policy %r %s, state: %s, status: %s",
-        record["pid"],
+        os.getpid(),
         tp_rank,
         tp_size,
         sglang_version,
@@ -319,6 +402,30 @@ def activate(
         path,
     )
     return runtime
+
+
+def _control_broadcast(group: Any) -> tuple[Any, bool]:
+    """A TP broadcast for runtime control, and whether this rank is its source.
+
+    ``group`` defaults to the attention-TP CPU group of SGLang's parallel state
+    (0.5.23: ``runtime_context.get_parallel().attn_tp_group``; 0.5.9:
+    ``layers.dp_attention.get_attention_tp_group()``), the same group as
+    ``Scheduler.attn_tp_cpu_group``.
+    """
+    import torch.distributed as dist
+
+    from eagle_gate.control import torch_broadcast
+
+    if group is None:
+        try:
+            from sglang.srt.runtime_context import get_parallel
+
+            group = get_parallel().attn_tp_group.cpu_group
+        except Exception:
+            from sglang.srt.layers.dp_attention import get_attention_tp_group
+
+            group = get_attention_tp_group().cpu_group
+    return torch_broadcast(group), dist.get_rank(group) == 0
 
 
 def check_speculation(
@@ -361,3 +468,59 @@ def flat_plain_tokens(next_token_ids: Any, stride: int) -> tuple[Any, Any]:
     flat = torch.zeros(bs * stride, dtype=torch.int32, device=device)
     flat[::stride] = next_token_ids.to(torch.int32)
     return flat, torch.ones(bs, dtype=torch.int32, device=device)
+
+
+class PlainStep:
+    """A version's plain step: ``blocker(batch)`` says why a batch cannot take
+    it (or None), ``run(worker, batch, ...)`` runs it and returns the result."""
+
+    def __init__(
+        self,
+        run: Callable[..., Any],
+        blocker: Callable[[Any], str | None],
+    ) -> None:
+        self.run = run
+        self.blocker = blocker
+
+
+def kv_slots(req_to_token: Any, req_pool_indices: Any, start: Any, width: int):
+    """KV slot ids of positions ``start .. start+width-1`` of each request,
+    flattened request-major (int64). Pure tensor ops: no device sync."""
+    import torch
+
+    offsets = torch.arange(width, device=start.device, dtype=start.dtype)
+    cols = start[:, None] + offsets[None, :]
+    return req_to_token[req_pool_indices[:, None], cols].reshape(-1).to(torch.int64)
+
+
+def spread_rows(rows: Any, stride: int):
+    """``[bs, ...]`` -> ``[bs*stride, ...]`` with row i at ``i*stride``, zeros
+    elsewhere: a plain step's per-request tensors in the flat verify layout."""
+    import torch
+
+    out = torch.zeros(
+        (rows.shape[0] * stride, *rows.shape[1:]), dtype=rows.dtype, device=rows.device
+    )
+    out[::stride] = rows
+    return out
+
+
+class eager_target:
+    """Run the target without its CUDA graphs for one forward.
+
+    With speculation on, the target's graphs are captured for TARGET_VERIFY
+    and their ``can_run`` checks do not look at the forward mode, so a DECODE
+    forward of a captured batch size would replay the verify graph with the
+    wrong layout. ``attribute``: where the version keeps that graph runner.
+    """
+
+    def __init__(self, model_runner: Any, attribute: str = "graph_runner") -> None:
+        self.model_runner = model_runner
+        self.attribute = attribute
+
+    def __enter__(self) -> None:
+        self.saved = getattr(self.model_runner, self.attribute)
+        setattr(self.model_runner, self.attribute, None)
+
+    def __exit__(self, *exc: Any) -> None:
+        setattr(self.model_runner, self.attribute, self.saved)

@@ -28,12 +28,17 @@ from eagle_gate.adapters._base import (
     GateRefused,
     Instrumentor,
     PatchTarget,
+    PlainStep,
     activate,
     check_speculation,
+    eager_target,
     flat_plain_tokens,
+    kv_slots,
     make_worker_wrapper,
     resolver_wrapper,
+    spread_rows,
 )
+from eagle_gate.config import config_from_environment
 
 SGLANG_VERSIONS = ("0.5.23",)
 NAME = "sglang-0.5.23"
@@ -147,6 +152,7 @@ def activate_in_scheduler(scheduler: Any, config=None):
     else:
         INSTRUMENTOR.require_applied([SCHEDULER_MODULE, RESOLVER_MODULE])
     par = _parallel()
+    config = config or config_from_environment()
     return activate(
         adapter_name=NAME,
         sglang_version=SGLANG_VERSIONS[0],
@@ -159,8 +165,9 @@ def activate_in_scheduler(scheduler: Any, config=None):
             int(scheduler.draft_worker.speculative_num_draft_tokens) if gated else 1
         ),
         speculative_algorithm=getattr(server_args, "speculative_algorithm", None),
-        plain_step=None,
+        plain_step=make_plain_step(config.draft_sync) if config.plain_step else None,
         config=config,
+        control_group=getattr(scheduler, "attn_tp_cpu_group", None),
     )
 
 
@@ -211,3 +218,129 @@ def serve(server_args: Any) -> None:
     from sglang.launch_server import run_server
 
     run_server(server_args)
+
+
+# -- the plain step ----------------------------------------------------------
+def plain_step_blocker(batch: Any) -> str | None:
+    """Why this decode batch cannot take the plain step (None: it can).
+
+    Only CPU-side fields are read: no device synchronisation. In 0.5.23 the
+    worker sees the scheduler's ``ScheduleBatch`` with a forward-only copy of
+    its sampling info, whose penalties are pre-accumulated into buffers.
+    """
+    if getattr(batch, "return_logprob", False):
+        return "logprobs"
+    if getattr(batch, "has_grammar", False):
+        return "grammar"
+    if getattr(batch, "return_hidden_states", False):
+        return "return_hidden_states"
+    sampling = getattr(batch, "sampling_info", None)
+    if sampling is not None:
+        if (
+            getattr(sampling, "acc_additive_penalties", None) is not None
+            or getattr(sampling, "acc_scaling_penalties", None) is not None
+        ):
+            return "penalties"
+        orchestrator = getattr(sampling, "penalizer_orchestrator", None)
+        if orchestrator is not None and getattr(orchestrator, "is_required", False):
+            return "penalties"
+        if getattr(sampling, "has_custom_logit_processor", False):
+            return "custom_logit_processor"
+    if any(getattr(req, "lora_id", None) is not None for req in batch.reqs):
+        return "lora"
+    spec = getattr(batch, "spec_info", None)
+    if spec is None or getattr(spec, "bonus_tokens", None) is None:
+        return "no_draft_input"
+    if spec.is_verify_input():
+        return "prebuilt_verify_input"  # pipeline parallel pre-built the verify
+    return None
+
+
+def plain_step(
+    worker: Any, batch: Any, on_publish: Any = None, draft_sync: str = "eager"
+) -> Any:
+    """One target DECODE step inside ``EAGLEWorkerV2`` (0.5.23).
+
+    Same invariants as 0.5.9 (see ``sglang_0_5_9.plain_step``) with 0.5.23's
+    names: the last accepted token is ``bonus_tokens`` at position
+    ``seq_lens``; the result carries ``new_seq_lens = seq_lens + 1`` and the
+    stride, and ``on_publish(new_seq_lens)`` is called before the draft work,
+    where verify calls it. The scheduler's forward isolation restores every
+    ``ScheduleBatch`` field this step changes. Draft state: ``eager`` runs
+    SGLang's own ``_draft_extend_for_decode`` over the flat layout; ``none``
+    is SGLang's own ``_stub_skipped_draft_extend`` (zero-filled: cold
+    recovery). The target runs eagerly: its decode graphs are verify-shaped.
+    """
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardMode,
+    )
+    from sglang.srt.speculative import eagle_worker_v2 as ew
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    draft_input = batch.spec_info
+    stride = int(worker.speculative_num_draft_tokens)
+    bs = int(batch.seq_lens.shape[0])
+    seq_lens, seq_lens_cpu, seq_lens_sum = (
+        batch.seq_lens,
+        batch.seq_lens_cpu,
+        batch.seq_lens_sum,
+    )
+    req_to_token = worker.req_to_token_pool.req_to_token
+    target = worker.target_worker
+
+    # 1. target decode of the bonus token at position seq_lens
+    batch.input_ids = draft_input.bonus_tokens.to(torch.int64)
+    batch.out_cache_loc = kv_slots(req_to_token, batch.req_pool_indices, seq_lens, 1)
+    batch.seq_lens = seq_lens + 1
+    batch.seq_lens_cpu = seq_lens_cpu + 1 if seq_lens_cpu is not None else None
+    batch.seq_lens_sum = seq_lens_sum + bs if seq_lens_sum is not None else None
+    batch.spec_info = None
+    batch.forward_mode = ForwardMode.DECODE
+    capture = (
+        CaptureHiddenMode.LAST if draft_sync == "eager" else CaptureHiddenMode.NULL
+    )
+    with eager_target(target.model_runner, "decode_cuda_graph_runner"):
+        out = target.forward_batch_generation(batch, capture_hidden_mode=capture)
+    tokens = out.next_token_ids
+    result = build_plain_result(
+        tokens,
+        stride=stride,
+        seq_lens=seq_lens,
+        next_draft_input=EagleDraftInput(bonus_tokens=tokens.to(torch.int32)),
+        logits_output=out.logits_output,
+    )
+    if on_publish is not None:
+        on_publish(result.new_seq_lens)
+
+    # 2. draft state, with the batch as the draft extend expects it
+    batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = (
+        seq_lens,
+        seq_lens_cpu,
+        seq_lens_sum,
+    )
+    batch.forward_mode = ForwardMode.DECODE
+    if draft_sync == "eager":
+        logits = out.logits_output
+        logits.hidden_states = spread_rows(logits.hidden_states, stride)
+        batch.out_cache_loc = kv_slots(
+            req_to_token, batch.req_pool_indices, seq_lens, stride
+        )
+        with (
+            ew.draft_tp_context(worker.draft_worker.parallel_layout),
+            ew.speculative_moe_backend_context(),
+            ew.speculative_moe_a2a_backend_context(),
+        ):
+            worker.draft_worker._draft_extend_for_decode(batch, result)
+        logits.hidden_states = None  # consumed; spares the scheduler a D2H copy
+    else:
+        worker._stub_skipped_draft_extend(batch, result)
+    return result
+
+
+def make_plain_step(draft_sync: str) -> PlainStep:
+    def run(worker: Any, batch: Any, on_publish: Any = None, *_: Any, **__: Any):
+        return plain_step(worker, batch, on_publish, draft_sync)
+
+    return PlainStep(run=run, blocker=plain_step_blocker)

@@ -21,12 +21,17 @@ from eagle_gate.adapters._base import (
     GateRefused,
     Instrumentor,
     PatchTarget,
+    PlainStep,
     activate,
     check_speculation,
+    eager_target,
     flat_plain_tokens,
+    kv_slots,
     make_worker_wrapper,
     resolver_wrapper,
+    spread_rows,
 )
+from eagle_gate.config import config_from_environment
 
 SGLANG_VERSIONS = ("0.5.9",)
 NAME = "sglang-0.5.9"
@@ -147,6 +152,7 @@ def activate_in_scheduler(scheduler: Any, config=None):
         INSTRUMENTOR.require_applied()
     else:
         INSTRUMENTOR.require_applied([SCHEDULER_MODULE, RESOLVER_MODULE])
+    config = config or config_from_environment()
     return activate(
         adapter_name=NAME,
         sglang_version=SGLANG_VERSIONS[0],
@@ -157,8 +163,9 @@ def activate_in_scheduler(scheduler: Any, config=None):
         dp_rank=getattr(scheduler, "dp_rank", None),
         num_draft_tokens=stride_of(scheduler) if gated else 1,
         speculative_algorithm=getattr(server_args, "speculative_algorithm", None),
-        plain_step=None,
+        plain_step=make_plain_step(config.draft_sync) if config.plain_step else None,
         config=config,
+        control_group=getattr(scheduler, "attn_tp_cpu_group", None),
     )
 
 
@@ -220,3 +227,153 @@ def serve(server_args: Any) -> None:
     from sglang.srt.entrypoints.http_server import launch_server
 
     launch_server(server_args, run_scheduler_process_func=run_scheduler_process)
+
+
+# -- the plain step ----------------------------------------------------------
+def plain_step_blocker(batch: Any) -> str | None:
+    """Why this decode batch cannot take the plain step (None: it can).
+
+    The plain step samples like a server without speculation; batches that
+    need more than that run SGLang's speculative step instead, counted by
+    this reason. Only CPU-side fields are read: no device synchronisation.
+    """
+    if getattr(batch, "return_logprob", False):
+        return "logprobs"
+    if getattr(batch, "has_grammar", False):
+        return "grammar"
+    if getattr(batch, "return_hidden_states", False) or getattr(
+        batch, "capture_hidden_mode_requested", False
+    ):
+        return "return_hidden_states"
+    sampling = getattr(batch, "sampling_info", None)
+    if sampling is not None:
+        orchestrator = getattr(sampling, "penalizer_orchestrator", None)
+        if orchestrator is not None and getattr(orchestrator, "is_required", False):
+            return "penalties"
+        if getattr(sampling, "has_custom_logit_processor", False):
+            return "custom_logit_processor"
+    if any(lora is not None for lora in getattr(batch, "lora_ids", None) or ()):
+        return "lora"
+    spec = getattr(batch, "spec_info", None)
+    if spec is None or getattr(spec, "verified_id", None) is None:
+        return "no_draft_input"
+    return None
+
+
+def plain_step(worker: Any, batch: Any, draft_sync: str = "eager") -> Any:
+    """One target DECODE step inside ``EAGLEWorkerV2`` (0.5.9, spec-v2).
+
+    Invariants (see the shared notes on SGLang internals):
+
+    * ``batch.seq_lens`` excludes the last accepted token (``verified_id``),
+      which sits at position ``seq_lens`` and whose KV slot is already
+      allocated; the plain step decodes it there, writing exactly that one
+      target KV slot, and samples the next token with the batch's sampling
+      parameters (``TpModelWorker.forward_batch_generation``, the stock
+      non-speculative sampling path).
+    * The result is in the flat speculative format: the token at
+      ``i * stride``, accept length 1, and a next draft input with
+      ``verified_id`` = the new token, ``new_seq_lens = seq_lens + 1`` and a
+      ``verify_done`` event recorded right after it, as verify does.
+    * Draft state (``draft_sync``): ``eager`` runs SGLang's own draft extend
+      over the flat layout, so the draft's KV at ``seq_lens`` gets (new token,
+      target hidden at ``seq_lens``) and the next draft input is exact;
+      ``none`` leaves the draft KV stale and zero-fills the next draft input
+      (cold recovery: only acceptance suffers, never the output).
+    * The target runs eagerly: its CUDA graphs are verify-shaped.
+    """
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardMode,
+    )
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    draft_input = batch.spec_info
+    stride = int(worker.speculative_num_draft_tokens)
+    bs = int(batch.seq_lens.shape[0])
+    seq_lens, seq_lens_cpu, seq_lens_sum = (
+        batch.seq_lens,
+        batch.seq_lens_cpu,
+        batch.seq_lens_sum,
+    )
+    req_to_token = worker.req_to_token_pool.req_to_token
+    target = worker.target_worker
+
+    # 1. target decode of the verified token at position seq_lens
+    batch.input_ids = draft_input.verified_id.to(torch.int64)
+    batch.out_cache_loc = kv_slots(req_to_token, batch.req_pool_indices, seq_lens, 1)
+    batch.seq_lens = seq_lens + 1
+    batch.seq_lens_cpu = seq_lens_cpu + 1 if seq_lens_cpu is not None else None
+    batch.seq_lens_sum = seq_lens_sum + bs
+    batch.spec_info = None
+    batch.forward_mode = ForwardMode.DECODE
+    batch.capture_hidden_mode = (
+        CaptureHiddenMode.LAST if draft_sync == "eager" else CaptureHiddenMode.NULL
+    )
+    with eager_target(target.model_runner):
+        out = target.forward_batch_generation(batch)
+    tokens = out.next_token_ids
+    new_seq_lens = seq_lens + 1
+    verify_done = torch.get_device_module(worker.device).Event()
+    verify_done.record()
+    next_draft_input = EagleDraftInput(
+        verified_id=tokens.to(torch.int32),
+        new_seq_lens=new_seq_lens,
+        verify_done=verify_done,
+    )
+    result = build_plain_result(
+        tokens,
+        stride=stride,
+        next_draft_input=next_draft_input,
+        logits_output=out.logits_output,
+    )
+
+    # 2. draft state, with the batch as the draft extend expects it
+    batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = (
+        seq_lens,
+        seq_lens_cpu,
+        seq_lens_sum,
+    )
+    batch.forward_mode = ForwardMode.DECODE
+    if draft_sync == "eager":
+        logits = out.logits_output
+        target_hidden = logits.hidden_states
+        logits.hidden_states = spread_rows(target_hidden, stride)
+        batch.out_cache_loc = kv_slots(
+            req_to_token, batch.req_pool_indices, seq_lens, stride
+        )
+        from sglang.srt.speculative import eagle_worker_v2 as ew
+
+        draft = worker.draft_worker
+        with (
+            draft.draft_tp_context(draft.draft_runner.tp_group),
+            ew.speculative_moe_backend_context(),
+            ew.speculative_moe_a2a_backend_context(),
+        ):
+            draft._draft_extend_for_decode(batch, result)
+        logits.hidden_states = None  # consumed; spares the scheduler a D2H copy
+    else:
+        _zero_draft_state(worker, next_draft_input, bs)
+    return result
+
+
+def _zero_draft_state(worker: Any, draft_input: Any, bs: int) -> None:
+    """Cold recovery: next draft input of the FutureMap's shapes, all zeros."""
+    import torch
+
+    config = worker.target_worker.model_config
+    device = draft_input.verified_id.device
+    topk = int(worker.topk)
+    draft_input.topk_p = torch.zeros((bs, topk), dtype=torch.float32, device=device)
+    draft_input.topk_index = torch.zeros((bs, topk), dtype=torch.int64, device=device)
+    draft_input.hidden_states = torch.zeros(
+        (bs, config.hidden_size), dtype=config.dtype, device=device
+    )
+
+
+def make_plain_step(draft_sync: str) -> PlainStep:
+    return PlainStep(
+        run=lambda worker, batch, *_, **__: plain_step(worker, batch, draft_sync),
+        blocker=plain_step_blocker,
+    )

@@ -1,0 +1,225 @@
+"""Opt-in, rate-limited JSON-lines log of decisions and outcomes.
+
+Enabled with ``EAGLE_GATE_DECISION_LOG=DIR`` (or ``--gate-decision-log DIR``);
+each scheduler process appends to ``DIR/decisions-<pid>.jsonl``. At most
+``EAGLE_GATE_DECISION_LOG_RATE`` records of each kind (decision, outcome) per
+second are kept (default 200); what is left out is counted in a ``dropped``
+record. The hot path only appends a tuple to a list; the ops thread formats
+and writes the lines about once a second.
+
+Record format (one JSON object per line, ``"v": 1``; ``t`` is Unix time when
+the record was taken, ``step`` the gate's decode-step number in this process):
+
+* ``{"v":1,"kind":"start","t","pid","tp_rank","tp_size","adapter","sglang_version",
+  "num_draft_tokens","policy","settings","config_version"}`` -- first line of
+  each process's log.
+* ``{"v":1,"kind":"config","t","step","config_version","policy","settings"}``
+  -- a runtime change took effect from ``step`` on.
+* ``{"v":1,"kind":"decision","t","step","batch_size","seq_len_sum","decided",
+  "ran","override"}`` -- ``decided``: ``spec`` | ``plain`` | ``error`` (the
+  policy raised or returned garbage) | ``not_asked`` (degraded); ``ran``: the
+  mode the gate chose to run (``spec`` | ``plain``); ``override``: why SPEC ran
+  although the policy said PLAIN, or null.
+* ``{"v":1,"kind":"outcome","t","step","mode","batch_size","tokens",
+  "accept_lens","interval_s"}`` -- the step's resolved result, exactly the
+  :class:`eagle_gate.StepOutcome` the policy saw (``mode``: what really ran).
+* ``{"v":1,"kind":"plain_failure","t","step","error"}`` -- the plain step
+  raised at ``step``; the stock step ran.
+* ``{"v":1,"kind":"dropped","t","decisions","outcomes"}`` -- records left out
+  by the rate limit since the previous ``dropped`` record.
+
+Replaying: the ``outcome`` records in ``step`` order are the sequence of
+``StepOutcome``s a policy observed, and the ``decision`` records give the
+``StepView`` inputs (``batch_size``, ``seq_len_sum``, ``step``) and what it
+decided; a simulator can feed the same views to another policy and compare.
+Records of one step may be split across a rate-limit window boundary.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DecisionLog", "ENV_DECISION_LOG", "ENV_DECISION_LOG_RATE"]
+
+ENV_DECISION_LOG = "EAGLE_GATE_DECISION_LOG"
+ENV_DECISION_LOG_RATE = "EAGLE_GATE_DECISION_LOG_RATE"
+FORMAT_VERSION = 1
+
+_DECIDED = ("spec", "plain", "error", "not_asked")
+_MODE = ("spec", "plain")
+
+
+class DecisionLog:
+    """Collects records on the hot path; :meth:`flush` writes them."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_per_s: int = 200,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.max_per_s = max(1, int(max_per_s))
+        self._clock = clock
+        # deque: append (hot path) and popleft (ops thread) are thread-safe.
+        self._pending: collections.deque[tuple] = collections.deque(maxlen=100_000)
+        self._lock = threading.Lock()
+        self._window = 0.0
+        self._n_decisions = 0
+        self._n_outcomes = 0
+        self.dropped_decisions = 0
+        self.dropped_outcomes = 0
+        self._reported_dropped = (0, 0)
+        self.written = 0
+
+    @classmethod
+    def from_environment(
+        cls, environ: dict | None = None, *, pid: int | None = None
+    ) -> DecisionLog | None:
+        env = os.environ if environ is None else environ
+        directory = env.get(ENV_DECISION_LOG, "").strip()
+        if not directory:
+            return None
+        try:
+            rate = int(env.get(ENV_DECISION_LOG_RATE, "") or 200)
+        except ValueError:
+            rate = 200
+        pid = os.getpid() if pid is None else pid
+        return cls(Path(directory) / f"decisions-{pid}.jsonl", max_per_s=rate)
+
+    # -- hot path: append a tuple -------------------------------------------
+    def _admit(self, now: float) -> None:
+        if now - self._window >= 1.0:
+            self._window = now
+            self._n_decisions = 0
+            self._n_outcomes = 0
+
+    def decision(
+        self,
+        step: int,
+        batch_size: int,
+        seq_len_sum: int,
+        decided: int,
+        ran: int,
+        override: str | None,
+    ) -> None:
+        now = self._clock()
+        self._admit(now)
+        if self._n_decisions >= self.max_per_s:
+            self.dropped_decisions += 1
+            return
+        self._n_decisions += 1
+        self._pending.append(
+            ("d", now, step, batch_size, seq_len_sum, decided, ran, override)
+        )
+
+    def outcome(
+        self,
+        step: int,
+        mode: int,
+        accept_lens: Sequence[int],
+        tokens: int,
+        interval_s: float | None,
+    ) -> None:
+        now = self._clock()
+        self._admit(now)
+        if self._n_outcomes >= self.max_per_s:
+            self.dropped_outcomes += 1
+            return
+        self._n_outcomes += 1
+        self._pending.append(("o", now, step, mode, accept_lens, tokens, interval_s))
+
+    def plain_failure(self, step: int, error: str) -> None:
+        self._pending.append(("f", self._clock(), step, error))
+
+    def config(self, step: int, version: int, policy: str, settings: dict) -> None:
+        self._pending.append(("c", self._clock(), step, version, policy, settings))
+
+    def start(self, fields: dict[str, Any]) -> None:
+        self._pending.append(("s", self._clock(), fields))
+
+    # -- off the hot path ------------------------------------------------------
+    def _format(self, rec: tuple) -> dict[str, Any]:
+        kind = rec[0]
+        if kind == "d":
+            _, t, step, bs, sls, decided, ran, override = rec
+            return {
+                "kind": "decision",
+                "t": t,
+                "step": step,
+                "batch_size": bs,
+                "seq_len_sum": int(sls),
+                "decided": _DECIDED[decided],
+                "ran": _MODE[ran],
+                "override": override,
+            }
+        if kind == "o":
+            _, t, step, mode, lens, tokens, interval = rec
+            return {
+                "kind": "outcome",
+                "t": t,
+                "step": step,
+                "mode": _MODE[mode],
+                "batch_size": len(lens),
+                "tokens": int(tokens),
+                "accept_lens": [int(x) for x in lens],
+                "interval_s": interval,
+            }
+        if kind == "f":
+            _, t, step, error = rec
+            return {"kind": "plain_failure", "t": t, "step": step, "error": error}
+        if kind == "c":
+            _, t, step, version, policy, settings = rec
+            return {
+                "kind": "config",
+                "t": t,
+                "step": step,
+                "config_version": version,
+                "policy": policy,
+                "settings": settings,
+            }
+        _, t, fields = rec
+        return {"kind": "start", "t": t, **fields}
+
+    def flush(self) -> int:
+        """Write what was collected; return the number of lines written."""
+        with self._lock:
+            pending = []
+            for _ in range(len(self._pending)):
+                pending.append(self._pending.popleft())
+            dropped = (self.dropped_decisions, self.dropped_outcomes)
+            lines = []
+            for rec in pending:
+                data = {"v": FORMAT_VERSION}
+                data.update(self._format(rec))
+                lines.append(json.dumps(data, separators=(",", ":")))
+            if dropped != self._reported_dropped:
+                prev = self._reported_dropped
+                self._reported_dropped = dropped
+                lines.append(
+                    json.dumps(
+                        {
+                            "v": FORMAT_VERSION,
+                            "kind": "dropped",
+                            "t": self._clock(),
+                            "decisions": dropped[0] - prev[0],
+                            "outcomes": dropped[1] - prev[1],
+                        },
+                        separators=(",", ":"),
+                    )
+                )
+            if not lines:
+                return 0
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+            self.written += len(lines)
+            return len(lines)

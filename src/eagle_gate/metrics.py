@@ -1,0 +1,236 @@
+"""Prometheus metrics of the gate, on SGLang's own ``/metrics``.
+
+SGLang (``--enable-metrics``) sets ``PROMETHEUS_MULTIPROC_DIR`` in the launcher
+before it spawns the scheduler processes and serves ``/metrics`` from the HTTP
+process with prometheus_client's ``MultiProcessCollector`` (both 0.5.9 and
+0.5.23: ``sglang.srt.utils.common.set_prometheus_multiproc_dir`` and
+``add_prometheus_middleware``). The gate's metrics are therefore defined in the
+scheduler processes, written to that directory, and appear on SGLang's
+``/metrics`` with nothing else to configure. They are defined only when that
+directory is set (and not ``EAGLE_GATE_METRICS=0``), and only by TP rank 0 of
+each data-parallel rank: all TP ranks of a DP rank make the same decisions, so
+counting on every rank would multiply counters by the TP size.
+
+The hot path never touches prometheus_client: the runtime counts in plain ints
+and :meth:`GateMetrics.export` (called by the ops thread about once a second)
+adds the differences. Gauges use ``multiprocess_mode="livemostrecent"`` (the
+value of the live process that wrote last); counters and the histogram sum
+over processes (DP ranks).
+
+``METRICS`` below is the documented list (README "Operating the gate").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from eagle_gate.runtime import MODE_NAMES, Overrides, PolicyErrors, policy_estimates
+
+__all__ = ["METRICS", "GateMetrics", "metrics_wanted", "DWELL_BUCKETS"]
+
+PREFIX = "eagle_gate_"
+ENV_METRICS = "EAGLE_GATE_METRICS"
+DWELL_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384)
+
+#: name -> (type, labels, help). Every metric also has the label ``dp_rank``.
+METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "eagle_gate_info": (
+        "gauge",
+        ("adapter", "sglang_version", "policy", "gated"),
+        "Always 1 for the current adapter, SGLang version and policy (0 for a "
+        "policy replaced at runtime)",
+    ),
+    "eagle_gate_decode_steps_total": (
+        "counter",
+        ("mode",),
+        "Decode steps that ran, by mode (spec: draft + verify, plain)",
+    ),
+    "eagle_gate_decode_tokens_total": (
+        "counter",
+        ("mode",),
+        "Tokens emitted by decode steps, by the mode that produced them",
+    ),
+    "eagle_gate_mode": (
+        "gauge",
+        ("mode",),
+        "1 for the mode the last resolved decode step ran, 0 for the other",
+    ),
+    "eagle_gate_spec_step_ratio": (
+        "gauge",
+        (),
+        "Share of decode steps that speculated since the previous export "
+        "(about one second); unchanged when no step ran",
+    ),
+    "eagle_gate_policy_errors_total": (
+        "counter",
+        ("reason",),
+        "Policy calls that raised or returned garbage (the step ran SPEC), by "
+        "reason: decide_raised, decide_invalid, observe_raised",
+    ),
+    "eagle_gate_spec_overrides_total": (
+        "counter",
+        ("reason",),
+        "Steps that ran SPEC although the policy said PLAIN (or was not asked), "
+        "by reason: plain_step_unavailable, plain_step_failed, degraded",
+    ),
+    "eagle_gate_slow_decisions_total": (
+        "counter",
+        (),
+        "Policy decisions that took longer than the decide budget",
+    ),
+    "eagle_gate_plain_step_failures_total": (
+        "counter",
+        (),
+        "Plain steps that raised (the stock step ran instead)",
+    ),
+    "eagle_gate_degraded": (
+        "gauge",
+        (),
+        "1 once the gate has degraded to SGLang's stock behaviour for the rest "
+        "of the run (repeated plain-step failures)",
+    ),
+    "eagle_gate_config_version": (
+        "gauge",
+        (),
+        "Runtime configuration version in effect (0: the launch configuration)",
+    ),
+    "eagle_gate_policy_estimate": (
+        "gauge",
+        ("name",),
+        "Estimates the policy exposes through its optional estimates() method",
+    ),
+    "eagle_gate_dwell_steps": (
+        "histogram",
+        ("mode",),
+        "Length in decode steps of each finished run of one mode",
+    ),
+}
+
+
+def metrics_wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """True when SGLang collects multiprocess metrics and the gate may add its."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV_METRICS, "").strip().lower() in {"0", "false", "no", "off"}:
+        return False
+    return bool(env.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+class GateMetrics:
+    """The gate's metric objects in one process, and the export of deltas."""
+
+    def __init__(self, runtime: Any, *, dp_rank: int | None, gated: bool) -> None:
+        # Imported here: prometheus_client picks its multiprocess value class
+        # from PROMETHEUS_MULTIPROC_DIR when it is first imported.
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.dp = str(dp_rank or 0)
+        self.gated = "true" if gated else "false"
+        m: dict[str, Any] = {}
+        for name, (kind, labels, doc) in METRICS.items():
+            labelnames = (*labels, "dp_rank")
+            if kind == "counter":
+                m[name] = Counter(name, doc, labelnames, registry=None)
+            elif kind == "gauge":
+                m[name] = Gauge(
+                    name,
+                    doc,
+                    labelnames,
+                    registry=None,
+                    multiprocess_mode="livemostrecent",
+                )
+            else:
+                m[name] = Histogram(
+                    name, doc, labelnames, registry=None, buckets=DWELL_BUCKETS
+                )
+        self.m = m
+        dp = self.dp
+        # Children created up front: every series exists (at 0) from the start.
+        self.steps = [
+            m["eagle_gate_decode_steps_total"].labels(mode, dp) for mode in MODE_NAMES
+        ]
+        self.tokens = [
+            m["eagle_gate_decode_tokens_total"].labels(mode, dp) for mode in MODE_NAMES
+        ]
+        self.mode = [m["eagle_gate_mode"].labels(mode, dp) for mode in MODE_NAMES]
+        self.dwell = [
+            m["eagle_gate_dwell_steps"].labels(mode, dp) for mode in MODE_NAMES
+        ]
+        self.errors = {
+            r: m["eagle_gate_policy_errors_total"].labels(r, dp)
+            for r in PolicyErrors.ALL
+        }
+        self.overrides = {
+            r: m["eagle_gate_spec_overrides_total"].labels(r, dp)
+            for r in (
+                Overrides.PLAIN_STEP_UNAVAILABLE,
+                Overrides.PLAIN_STEP_FAILED,
+                Overrides.DEGRADED,
+            )
+        }
+        self.slow = m["eagle_gate_slow_decisions_total"].labels(dp)
+        self.plain_failures = m["eagle_gate_plain_step_failures_total"].labels(dp)
+        self.degraded = m["eagle_gate_degraded"].labels(dp)
+        self.config_version = m["eagle_gate_config_version"].labels(dp)
+        self.ratio = m["eagle_gate_spec_step_ratio"].labels(dp)
+        self._info_labels: tuple[str, ...] | None = None
+        self._estimate_names: set[str] = set()
+        self._last: dict[str, int] = {}
+        self.degraded.set(0)
+        self.config_version.set(0)
+        self.export(runtime)
+
+    def _add(self, key: str, child: Any, value: int) -> None:
+        delta = value - self._last.get(key, 0)
+        if delta > 0:
+            child.inc(delta)
+            self._last[key] = value
+
+    def export(self, rt: Any) -> None:
+        """Bring the metrics up to the runtime's counters (off the hot path)."""
+        steps = list(rt.steps_by_mode)
+        before = (self._last.get("steps0", 0), self._last.get("steps1", 0))
+        for i in (0, 1):
+            self._add(f"steps{i}", self.steps[i], steps[i])
+            self._add(f"tokens{i}", self.tokens[i], rt.tokens_by_mode[i])
+        ran = (steps[0] - before[0], steps[1] - before[1])
+        if ran[0] + ran[1] > 0:
+            self.ratio.set(ran[0] / (ran[0] + ran[1]))
+        for reason, child in self.errors.items():
+            self._add(f"err:{reason}", child, rt.policy_errors_by_reason.get(reason, 0))
+        for reason, count in dict(rt.overrides).items():
+            child = self.overrides.get(reason)
+            if child is None:
+                child = self.m["eagle_gate_spec_overrides_total"].labels(
+                    reason, self.dp
+                )
+                self.overrides[reason] = child
+            self._add(f"ovr:{reason}", child, count)
+        self._add("slow", self.slow, rt.slow_decisions)
+        self._add("plainfail", self.plain_failures, rt.plain_step_failures)
+        self.degraded.set(1 if rt.degraded is not None else 0)
+        self.config_version.set(rt.config_version)
+        current = rt.current_mode
+        if current is not None:
+            self.mode[current].set(1)
+            self.mode[1 - current].set(0)
+        dwells = rt.finished_dwells
+        while dwells:
+            try:
+                mode, length = dwells.popleft()
+            except IndexError:
+                break
+            self.dwell[mode].observe(length)
+        labels = (rt.adapter, rt.sglang_version, rt.config.policy, self.gated)
+        if labels != self._info_labels:
+            info = self.m["eagle_gate_info"]
+            if self._info_labels is not None:
+                info.labels(*self._info_labels, self.dp).set(0)
+            info.labels(*labels, self.dp).set(1)
+            self._info_labels = labels
+        estimates = policy_estimates(rt.policy)
+        gauge = self.m["eagle_gate_policy_estimate"]
+        for name, value in estimates.items():
+            gauge.labels(name, self.dp).set(value)
+        self._estimate_names.update(estimates)
