@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""Validate eagle_gate's plain step on a GPU server (run by a user with a GPU).
+
+What it checks, against real models on your GPU:
+
+1. **Outputs**: a server without speculation and a gated EAGLE server whose
+   policy forces a mode switch every few decode steps (``alternate``, from
+   ``examples/third_party_policy``) answer a fixed prompt set with greedy
+   sampling token for token identically, for each draft strategy.
+2. **Acceptance across switches**: from the gate's decision log, the mean
+   accept length of SPEC steps right after a PLAIN stretch, against the mean
+   of the other SPEC steps, per draft strategy (``eager`` should keep them
+   equal; ``none`` shows the cold-recovery dip).
+3. **Plain-step cost**: output tok/s of the gated server with policy
+   ``never`` (every step a plain step) against the server without
+   speculation, at a few concurrencies, as ratios (1.0 = the plain step costs
+   what a step of a server without speculation costs).
+
+Usage (one GPU, Llama-3.1-8B with its EAGLE-3 draft, for example)::
+
+    pip install ./examples/third_party_policy
+    python examples/validate_gpu.py \\
+        --model-path meta-llama/Llama-3.1-8B-Instruct \\
+        --draft-model-path jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B \\
+        --algorithm EAGLE3 -- --tp 1 --mem-fraction-static 0.7
+
+Arguments after ``--`` go to every server. ``--no-speculation-smoke`` runs the
+same plumbing without speculation (the gate idle), which is how CI exercises
+this script on CPU; it validates nothing about the plain step.
+
+Status: written against eagle_gate's plain step for SGLang 0.5.9 and 0.5.23;
+it has NOT been run on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain in two sentences what a hash map is.",
+    "def quicksort(xs):",
+    "List three prime numbers greater than 100.",
+    "The capital of France is",
+    "Translate to French: the cat sleeps on the warm windowsill.",
+    "SELECT name, COUNT(*) FROM orders GROUP BY",
+    "Once upon a time, in a village by the sea,",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, payload: dict, timeout: float = 600) -> dict:
+    request = urllib.request.Request(
+        url, json.dumps(payload).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+@contextlib.contextmanager
+def server(cmd: list[str], env: dict, log: Path, timeout: float):
+    port = int(cmd[cmd.index("--port") + 1])
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited ({proc.returncode}); see {log}")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not healthy in {timeout:.0f}s; see {log}")
+            time.sleep(1)
+        yield base
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def greedy_outputs(base: str, max_new_tokens: int) -> list[list[int]]:
+    params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    return [
+        post(base + "/generate", {"text": p, "sampling_params": params})["output_ids"]
+        for p in PROMPTS
+    ]
+
+
+def throughput(base: str, concurrency: int, max_new_tokens: int) -> float:
+    params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(concurrency * 4)]
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        done = list(
+            pool.map(
+                lambda p: post(
+                    base + "/generate", {"text": p, "sampling_params": params}
+                ),
+                prompts,
+            )
+        )
+    tokens = sum(len(d["output_ids"]) for d in done)
+    return tokens / (time.monotonic() - t0)
+
+
+def switch_acceptance(log_dir: Path) -> tuple[float | None, float | None]:
+    """Mean accept length of SPEC steps right after PLAIN, and of the others,
+    from the gate's JSON-lines decision log (records with mode/accept_lens)."""
+    after, other = [], []
+    for path in sorted(log_dir.glob("*.jsonl")):
+        previous = None
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("kind") != "outcome" or not record.get("accept_lens"):
+                continue
+            lens, mode = record["accept_lens"], record["mode"]
+            if mode == "spec":
+                mean = sum(lens) / len(lens)
+                (after if previous == "plain" else other).append(mean)
+            previous = mode
+    avg = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    return avg(after), avg(other)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--draft-model-path")
+    parser.add_argument("--algorithm", default="EAGLE3", choices=("EAGLE", "EAGLE3"))
+    parser.add_argument("--num-steps", type=int, default=3)
+    parser.add_argument("--switch-every", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--strategies", default="eager,none")
+    parser.add_argument("--startup-timeout", type=float, default=900)
+    parser.add_argument("--no-speculation-smoke", action="store_true")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("server_args", nargs="*", help="after --: for every server")
+    args = parser.parse_args()
+    if not args.no_speculation_smoke and not args.draft_model_path:
+        parser.error("--draft-model-path is required (or --no-speculation-smoke)")
+
+    out = Path(args.out or tempfile.mkdtemp(prefix="eagle_gate_validate_"))
+    out.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    common = ["--model-path", args.model_path, "--host", "127.0.0.1"]
+    common += list(args.server_args)
+    spec = []
+    if not args.no_speculation_smoke:
+        spec = [
+            "--speculative-algorithm", args.algorithm,
+            "--speculative-draft-model-path", args.draft_model_path,
+            "--speculative-num-steps", str(args.num_steps),
+            "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(args.num_steps + 1),
+        ]  # fmt: skip
+    env = dict(os.environ)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    failures = 0
+
+    def stock(port):
+        return [py, "-m", "sglang.launch_server", *common, "--port", str(port)]
+
+    def gated(port, policy, strategy, extra=()):
+        return [
+            py, "-m", "eagle_gate.launch", *common, *spec, "--port", str(port),
+            "--gate-policy", policy, "--gate-draft-sync", strategy, *extra,
+        ]  # fmt: skip
+
+    print(f"== reference: server without speculation (logs in {out})")
+    with server(stock(free_port()), env, out / "nospec.log", args.startup_timeout) as b:
+        reference = greedy_outputs(b, args.max_new_tokens)
+        reference_tps = {c: throughput(b, c, args.max_new_tokens) for c in levels}
+
+    print("\n== 1+2. outputs and acceptance across forced switches")
+    header = ("strategy", "identical", "accept after PLAIN", "other SPEC")
+    print("{:>10} {:>10} {:>19} {:>11}".format(*header))
+    for strategy in args.strategies.split(","):
+        log_dir = out / f"decisions-{strategy}"
+        extra = ["--gate-set", f"period={args.switch_every}"]
+        extra += ["--gate-decision-log", str(log_dir)]
+        cmd = gated(free_port(), "alternate", strategy, extra)
+        with server(cmd, env, out / f"gated-{strategy}.log", args.startup_timeout) as b:
+            outputs = greedy_outputs(b, args.max_new_tokens)
+        same = sum(o == r for o, r in zip(outputs, reference, strict=True))
+        failures += same != len(PROMPTS)
+        after, other = switch_acceptance(log_dir)
+        fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
+        identical = f"{same}/{len(PROMPTS)}"
+        print(f"{strategy:>10} {identical:>10} {fmt(after):>19} {fmt(other):>11}")
+
+    print("\n== 3. plain-step throughput: gated (policy never) / no speculation")
+    print(f"{'C':>5} {'no-spec tok/s':>14} {'plain tok/s':>12} {'ratio':>7}")
+    with server(
+        gated(free_port(), "never", "eager"),
+        env,
+        out / "never.log",
+        args.startup_timeout,
+    ) as b:
+        for c in levels:
+            tps = throughput(b, c, args.max_new_tokens)
+            ratio = tps / reference_tps[c]
+            print(f"{c:>5} {reference_tps[c]:>14.1f} {tps:>12.1f} {ratio:>7.3f}")
+    print("\nRESULT:", "outputs identical" if not failures else "OUTPUTS DIFFER")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""The plain step on CPU: real SGLang target forward, batches and draft inputs.
+
+Only the EAGLE draft model and SGLang's GPU draft + verify are stand-ins (see
+``support/plain_harness.py``, which says exactly what is real); the target
+model, its KV cache, sampling, ``FutureMap`` and the resolver are SGLang's own.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sglang_env
+import torch
+
+pytestmark = pytest.mark.skipif(
+    sglang_env.version() != "0.5.9",
+    reason="this module drives SGLang 0.5.9's spec-v2 objects; "
+    "test_plain_step_0_5_23.py covers 0.5.23",
+)
+
+PROMPTS = [[1, 5, 9, 33, 70], [1, 44, 12], [1, 7, 7, 7, 7, 7, 7, 7, 2]]
+
+
+@pytest.fixture(scope="module")
+def harness(tiny_model):
+    from support.plain_harness import Harness
+
+    return Harness(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    from eagle_gate.adapters import sglang_0_5_9
+
+    return sglang_0_5_9
+
+
+def kv_snapshot(harness):
+    pool = harness.target.model_runner.token_to_kv_pool
+    return [k.clone() for k in pool.k_buffer], [v.clone() for v in pool.v_buffer]
+
+
+def changed_slots(before, after) -> set[int]:
+    slots = set()
+    for b, a in zip(before[0] + before[1], after[0] + after[1], strict=True):
+        diff = (b != a).reshape(b.shape[0], -1).any(dim=1)
+        slots |= set(torch.nonzero(diff).flatten().tolist())
+    return slots
+
+
+def test_plain_step_writes_one_kv_slot_at_seq_lens_and_returns_flat_result(
+    harness, adapter, mocker
+):
+    from support.plain_harness import STRIDE
+
+    batch = harness.prefill(PROMPTS)
+    harness.prepare_for_decode(batch)
+    mwb = batch.get_model_worker_batch()
+    seq_lens = mwb.seq_lens.clone()
+    expected_slots = {
+        int(harness.req_to_token_pool.req_to_token[row, pos])
+        for row, pos in zip(
+            mwb.req_pool_indices.tolist(), seq_lens.tolist(), strict=True
+        )
+    }
+    verified = mwb.spec_info.verified_id.clone()
+    spy = mocker.spy(harness.target.model_runner, "forward")
+    before = kv_snapshot(harness)
+
+    result = adapter.plain_step(harness.worker, mwb, draft_sync="eager")
+
+    # exactly one target KV slot per request, the one at position seq_lens
+    assert changed_slots(before, kv_snapshot(harness)) == expected_slots
+    # one DECODE forward (not TARGET_VERIFY) of the verified token at seq_lens
+    forward_batch = spy.call_args.args[0]
+    assert forward_batch.forward_mode.is_decode()
+    assert forward_batch.positions.tolist() == seq_lens.tolist()
+    assert forward_batch.input_ids.tolist() == verified.tolist()
+    assert spy.call_count == 1
+    # the flat speculative format
+    bs = len(PROMPTS)
+    tokens = result.next_token_ids
+    assert tokens.shape == (bs * STRIDE,) and tokens.dtype == torch.int32
+    assert result.accept_lens.tolist() == [1] * bs
+    nd = result.next_draft_input
+    assert nd.verified_id.tolist() == tokens[::STRIDE].tolist()
+    assert nd.new_seq_lens.tolist() == (seq_lens + 1).tolist()
+    assert nd.verify_done is not None
+    # the batch is left as SGLang's draft extend / scheduler expect it
+    assert mwb.seq_lens.tolist() == seq_lens.tolist()
+
+
+def test_eager_draft_sync_runs_the_draft_extend_over_the_flat_layout(harness, adapter):
+    from support.plain_harness import STRIDE
+
+    batch = harness.prefill(PROMPTS[:2])
+    harness.prepare_for_decode(batch)
+    mwb = batch.get_model_worker_batch()
+    seq_lens = mwb.seq_lens.clone()
+    rows = mwb.req_pool_indices.tolist()
+    harness.draft.extend_calls.clear()
+    result = adapter.plain_step(harness.worker, mwb, draft_sync="eager")
+    (call,) = harness.draft.extend_calls
+    table = harness.req_to_token_pool.req_to_token
+    expected_locs = [
+        int(table[row, pos + j])
+        for row, pos in zip(rows, seq_lens.tolist(), strict=True)
+        for j in range(STRIDE)
+    ]
+    assert call["out_cache_loc"].tolist() == expected_locs
+    assert call["seq_lens"].tolist() == seq_lens.tolist()
+    assert (
+        call["input_ids"][::STRIDE].tolist() == result.next_token_ids[::STRIDE].tolist()
+    )
+    hidden = call["hidden"]
+    assert hidden.shape == (2 * STRIDE, harness.target.model_config.hidden_size)
+    assert hidden[::STRIDE].abs().sum(dim=1).gt(0).all()  # target hidden states
+    padding = torch.ones(2 * STRIDE, dtype=torch.bool)
+    padding[::STRIDE] = False
+    assert hidden[padding].abs().sum() == 0
+    assert call["accept_lens"].tolist() == [1, 1]
+    assert result.logits_output.hidden_states is None  # consumed, not copied out
+
+
+def test_none_draft_sync_zero_fills_the_next_draft_input(harness, adapter):
+    batch = harness.prefill(PROMPTS[:2])
+    harness.prepare_for_decode(batch)
+    harness.draft.extend_calls.clear()
+    result = adapter.plain_step(harness.worker, batch.get_model_worker_batch(), "none")
+    assert harness.draft.extend_calls == []
+    nd = result.next_draft_input
+    assert nd.topk_p.shape == (2, 1) and nd.topk_p.dtype == torch.float32
+    assert nd.topk_index.shape == (2, 1) and nd.topk_index.dtype == torch.int64
+    assert nd.hidden_states.shape == (2, 64) and not nd.hidden_states.any()
+
+
+def test_next_draft_input_round_trips_through_the_real_future_map(harness, adapter):
+    """The FutureMap sizes its buffers from the first stored draft input (here a
+    SPEC step's); a plain step's must store and resolve into the same buffers."""
+    from sglang.srt.managers.overlap_utils import FutureMap
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from support.plain_harness import spec_step_stand_in
+
+    future_map = FutureMap(8, 0, 2048, torch.device("cpu"), SpeculativeAlgorithm.EAGLE)
+    batch = harness.prefill(PROMPTS[:2])
+    for run in ("spec", "plain-eager", "plain-none"):
+        harness.prepare_for_decode(batch)
+        mwb = batch.get_model_worker_batch()
+        if run == "spec":
+            result = spec_step_stand_in(harness, mwb, 2)
+        else:
+            result = adapter.plain_step(harness.worker, mwb, run.split("-")[1])
+        indices = future_map.alloc_future_indices(2)
+        future_map.store_to_map(indices, result)  # raises on a shape/dtype mismatch
+        # resolve_future's indexing, without its CUDA-only record_stream call
+        at = indices.indices
+        nd = result.next_draft_input
+        assert future_map.verified_id_buf[at].tolist() == nd.verified_id.tolist()
+        assert future_map.new_seq_lens_buf[at].tolist() == nd.new_seq_lens.tolist()
+        assert torch.equal(future_map.topk_index_buf[at], nd.topk_index)
+        assert torch.equal(future_map.hidden_states_buf[at], nd.hidden_states)
+        harness.commit(batch, result)
+
+
+def test_mode_switches_emit_exactly_the_plain_greedy_tokens(
+    harness, adapter, tiny_model
+):
+    """SPEC x3, PLAIN x5, SPEC x2, PLAIN x1 (SPEC through the stand-in verify,
+    which accepts 2 tokens per step) emits the tokens transformers' greedy
+    decode of the same weights emits."""
+    from support.plain_harness import hf_greedy, spec_step_stand_in
+
+    batch = harness.prefill(PROMPTS)
+    schedule = ["spec"] * 3 + ["plain"] * 5 + ["spec"] * 2 + ["plain"]
+    for i, mode in enumerate(schedule):
+        harness.prepare_for_decode(batch)
+        mwb = batch.get_model_worker_batch()
+        if mode == "spec":
+            result = spec_step_stand_in(harness, mwb, 2)
+        else:
+            result = adapter.plain_step(harness.worker, mwb, ("eager", "none")[i % 2])
+        harness.commit(batch, result)
+    n = 1 + 2 * 5 + 5 + 1  # prefill token, 5 SPEC steps of 2, 6 PLAIN steps of 1
+    for req, prompt in zip(batch.reqs, PROMPTS, strict=True):
+        assert len(req.output_ids) == n
+        assert req.output_ids == hf_greedy(tiny_model, prompt, n)
+        assert req.kv_committed_len == len(prompt) + n - 1
+        assert req.spec_verify_ct == len(schedule)
+        assert req.spec_accepted_tokens == 5  # one accepted draft per SPEC step
+
+
+@pytest.mark.parametrize(
+    ("sampling", "reason"),
+    [
+        ({"frequency_penalty": 0.5}, "penalties"),
+        ({"presence_penalty": 0.5}, "penalties"),
+        ({}, None),
+        ({"temperature": 0.7, "top_p": 0.9, "top_k": 20}, None),
+    ],
+)
+def test_blocker_names_what_the_plain_step_cannot_serve(
+    harness, adapter, sampling, reason
+):
+    batch = harness.prefill(PROMPTS[:1], **sampling)
+    harness.prepare_for_decode(batch)
+    mwb = batch.get_model_worker_batch()
+    assert adapter.plain_step_blocker(mwb) == reason
+    mwb.return_logprob = True
+    assert adapter.plain_step_blocker(mwb) == "logprobs"
+
+
+def test_sampled_plain_step_follows_the_batch_sampling_parameters(harness, adapter):
+    """Temperature / top-k go through SGLang's stock sampler: with top_k=1 a
+    hot temperature must still give the greedy token."""
+    greedy = harness.prefill(PROMPTS[:1])
+    harness.prepare_for_decode(greedy)
+    a = adapter.plain_step(harness.worker, greedy.get_model_worker_batch(), "none")
+    hot = harness.prefill(PROMPTS[:1], temperature=5.0, top_k=1)
+    harness.prepare_for_decode(hot)
+    b = adapter.plain_step(harness.worker, hot.get_model_worker_batch(), "none")
+    assert a.next_token_ids[0] == b.next_token_ids[0]

@@ -1,0 +1,177 @@
+"""The plain step on CPU with SGLang 0.5.23: real target forward and batches.
+
+The harness (``support/plain_harness_0_5_23.py``) builds the target worker the
+way a 0.5.23 scheduler process does and says exactly what is a stand-in: the
+EAGLE draft model and SGLang's GPU draft + verify. The plain step runs inside
+the scheduler's own forward isolation, as in the server.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sglang_env
+import torch
+
+pytestmark = pytest.mark.skipif(
+    sglang_env.version() != "0.5.23",
+    reason="this module drives SGLang 0.5.23's objects; "
+    "test_plain_step.py covers 0.5.9",
+)
+
+PROMPTS = [[1, 5, 9, 33, 70], [1, 44, 12], [1, 7, 7, 7, 7, 7, 7, 7, 2]]
+
+
+@pytest.fixture(scope="module")
+def harness(tiny_model):
+    from support.plain_harness_0_5_23 import Harness
+
+    return Harness(tiny_model)
+
+
+@pytest.fixture(scope="module")
+def adapter():
+    from eagle_gate.adapters import sglang_0_5_23
+
+    return sglang_0_5_23
+
+
+def kv_snapshot(harness):
+    pool = harness.target.model_runner.token_to_kv_pool
+    return [k.clone() for k in pool.k_buffer], [v.clone() for v in pool.v_buffer]
+
+
+def changed_slots(before, after) -> set[int]:
+    slots = set()
+    for b, a in zip(before[0] + before[1], after[0] + after[1], strict=True):
+        diff = (b != a).reshape(b.shape[0], -1).any(dim=1)
+        slots |= set(torch.nonzero(diff).flatten().tolist())
+    return slots
+
+
+def run_plain(harness, adapter, batch, draft_sync="eager", on_publish=None):
+    with harness.forward_isolation(batch):
+        return adapter.plain_step(harness.worker, batch, on_publish, draft_sync)
+
+
+def test_plain_step_writes_one_kv_slot_decodes_at_seq_lens_and_publishes(
+    harness, adapter, mocker
+):
+    from support.plain_harness_0_5_23 import STRIDE
+
+    batch = harness.prefill(PROMPTS)
+    harness.prepare_for_decode(batch)
+    seq_lens = batch.seq_lens.clone()
+    table = harness.req_to_token_pool.req_to_token
+    rows = batch.req_pool_indices.tolist()
+    expected = {int(table[r, p]) for r, p in zip(rows, seq_lens.tolist(), strict=True)}
+    bonus = batch.spec_info.bonus_tokens.clone()
+    spy = mocker.spy(harness.target.model_runner, "forward")
+    published = []
+    before = kv_snapshot(harness)
+
+    result = run_plain(harness, adapter, batch, "eager", published.append)
+
+    assert changed_slots(before, kv_snapshot(harness)) == expected
+    (call,) = spy.call_args_list
+    forward_batch = call.args[0]
+    assert forward_batch.forward_mode.is_decode()
+    assert forward_batch.positions.tolist() == seq_lens.tolist()
+    assert forward_batch.input_ids.tolist() == bonus.tolist()
+    bs = len(PROMPTS)
+    assert result.next_token_ids.shape == (bs * STRIDE,)
+    assert result.accept_lens.tolist() == [1] * bs
+    assert result.speculative_output_stride == STRIDE
+    assert result.new_seq_lens.tolist() == (seq_lens + 1).tolist()
+    assert [p.tolist() for p in published] == [(seq_lens + 1).tolist()]
+    nd = result.next_draft_input
+    assert nd.bonus_tokens.tolist() == result.next_token_ids[::STRIDE].tolist()
+    # the scheduler's forward isolation put the batch back
+    assert batch.seq_lens.tolist() == seq_lens.tolist()
+
+
+def test_eager_draft_sync_runs_the_draft_extend_over_the_flat_layout(harness, adapter):
+    from support.plain_harness_0_5_23 import STRIDE
+
+    batch = harness.prefill(PROMPTS[:2])
+    harness.prepare_for_decode(batch)
+    seq_lens = batch.seq_lens.clone()
+    rows = batch.req_pool_indices.tolist()
+    harness.draft.extend_calls.clear()
+    result = run_plain(harness, adapter, batch, "eager")
+    (call,) = harness.draft.extend_calls
+    table = harness.req_to_token_pool.req_to_token
+    expected_locs = [
+        int(table[r, p + j])
+        for r, p in zip(rows, seq_lens.tolist(), strict=True)
+        for j in range(STRIDE)
+    ]
+    assert call["out_cache_loc"].tolist() == expected_locs
+    assert call["seq_lens"].tolist() == seq_lens.tolist()
+    assert call["forward_mode"].is_decode()
+    assert (
+        call["input_ids"][::STRIDE].tolist() == result.next_token_ids[::STRIDE].tolist()
+    )
+    hidden = call["hidden"]
+    assert hidden.shape[0] == 2 * STRIDE
+    assert hidden[::STRIDE].abs().sum(dim=1).gt(0).all()
+    padding = torch.ones(2 * STRIDE, dtype=torch.bool)
+    padding[::STRIDE] = False
+    assert hidden[padding].abs().sum() == 0
+    assert call["accept_lens"].tolist() == [1, 1]
+    assert call["new_seq_lens"].tolist() == (seq_lens + 1).tolist()
+    assert result.logits_output.hidden_states is None
+
+
+def test_none_draft_sync_is_sglangs_own_zero_fill(harness, adapter):
+    batch = harness.prefill(PROMPTS[:2])
+    harness.prepare_for_decode(batch)
+    harness.draft.extend_calls.clear()
+    result = run_plain(harness, adapter, batch, "none")
+    assert harness.draft.extend_calls == []
+    nd = result.next_draft_input
+    assert nd.topk_p.shape == (2, 1) and not nd.topk_p.any()
+    assert nd.topk_index.dtype == torch.int64
+    assert nd.hidden_states.shape == (2, harness.draft.hidden_size)
+    assert not nd.hidden_states.any()
+
+
+def test_mode_switches_emit_exactly_the_plain_greedy_tokens(
+    harness, adapter, tiny_model
+):
+    """SPEC x3, PLAIN x5, SPEC x2, PLAIN x1 (SPEC through the stand-in verify,
+    which accepts 2 tokens per step), through the real 0.5.23 resolver."""
+    from support.plain_harness_0_5_23 import hf_greedy, spec_step_stand_in
+
+    batch = harness.prefill(PROMPTS)
+    schedule = ["spec"] * 3 + ["plain"] * 5 + ["spec"] * 2 + ["plain"]
+    for i, mode in enumerate(schedule):
+        harness.prepare_for_decode(batch)
+        if mode == "spec":
+            result = spec_step_stand_in(harness, batch, 2)
+        else:
+            result = run_plain(harness, adapter, batch, ("eager", "none")[i % 2])
+        harness.commit(batch, result)
+    n = 1 + 2 * 5 + 5 + 1
+    for req, prompt in zip(batch.reqs, PROMPTS, strict=True):
+        assert list(req.output_ids) == hf_greedy(tiny_model, prompt, n)
+        assert req.spec_verify_ct == len(schedule)
+        assert req.spec_num_correct_drafts == 5  # one per SPEC step, none for PLAIN
+
+
+@pytest.mark.parametrize(
+    ("sampling", "reason"),
+    [
+        ({"frequency_penalty": 0.5}, "penalties"),
+        ({}, None),
+        ({"temperature": 0.7, "top_p": 0.9, "top_k": 20}, None),
+    ],
+)
+def test_blocker_names_what_the_plain_step_cannot_serve(
+    harness, adapter, sampling, reason
+):
+    batch = harness.prefill(PROMPTS[:1], **sampling)
+    harness.prepare_for_decode(batch)
+    with harness.forward_isolation(batch):  # as the worker sees the batch
+        assert adapter.plain_step_blocker(batch) == reason
+        batch.return_logprob = True
+        assert adapter.plain_step_blocker(batch) == "logprobs"
