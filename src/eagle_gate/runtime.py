@@ -177,6 +177,9 @@ class GateRuntime:
         )
         #: optional DecisionLog (eagle_gate.decision_log); None when off.
         self.decision_log: Any = None
+        #: with tp_size > 1: holds outcomes back and releases them with rank 0's
+        #: timings at the same step on every rank (eagle_gate.agreement).
+        self.agreement: Any = None
 
     # -- before a decode batch --------------------------------------------
     def decide(
@@ -190,6 +193,10 @@ class GateRuntime:
         self.step = step + 1
         if not step & self._tick_mask and self.on_tick is not None:
             self._tick(step)
+        agreement = self.agreement
+        if agreement is not None and agreement.due(step):
+            for mode_, step_, lens_, interval_ in agreement.release():
+                self._deliver(mode_, step_, lens_, interval_)
         if self.degraded is not None:
             self.count_override(Overrides.DEGRADED)
             return self._ran(step, batch_size, seq_len_sum, DECIDED_NOT_ASKED, None)
@@ -349,10 +356,21 @@ class GateRuntime:
             log.outcome(step, mode, accept_lens, tokens, interval)
         if self.degraded is not None:
             return
+        if self.agreement is not None:
+            self.agreement.hold(mode, step, accept_lens, interval)
+            return
+        self._deliver(mode, step, accept_lens, interval)
+
+    def _deliver(
+        self, mode: Mode, step: int, accept_lens: Sequence[int], interval: Any
+    ) -> None:
+        """Hand the policy one outcome (with agreed timings under TP)."""
+        if self.degraded is not None:
+            return
         outcome = StepOutcome(
             mode=mode,
             batch_size=len(accept_lens),
-            tokens=tokens,
+            tokens=sum(accept_lens),
             accept_lens=accept_lens,
             interval_s=interval,
             step=step,

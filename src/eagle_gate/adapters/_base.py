@@ -353,6 +353,8 @@ def activate(
                 "group to agree on changes (%r)",
                 exc,
             )
+    if gated and tp_size > 1:
+        runtime.agreement = _timing_agreement(control_group)
     metrics = None
     if is_source and metrics_wanted():
         try:
@@ -404,6 +406,35 @@ def activate(
     return runtime
 
 
+def _timing_agreement(group: Any):
+    """Agreement on timings over the attention-TP CPU group (see
+    eagle_gate.agreement); without a group, outcomes carry no timings."""
+    from eagle_gate.agreement import TimingAgreement, torch_timing_broadcast
+
+    try:
+        return TimingAgreement(torch_timing_broadcast(_tp_cpu_group(group)))
+    except Exception as exc:
+        logger.warning(
+            "eagle_gate: no TP process group to agree on step timings (%r); "
+            "policies get no step intervals in this server",
+            exc,
+        )
+        return TimingAgreement(None)
+
+
+def _tp_cpu_group(group: Any) -> Any:
+    if group is not None:
+        return group
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return get_parallel().attn_tp_group.cpu_group
+    except Exception:
+        from sglang.srt.layers.dp_attention import get_attention_tp_group
+
+        return get_attention_tp_group().cpu_group
+
+
 def _control_broadcast(group: Any) -> tuple[Any, bool]:
     """A TP broadcast for runtime control, and whether this rank is its source.
 
@@ -416,15 +447,7 @@ def _control_broadcast(group: Any) -> tuple[Any, bool]:
 
     from eagle_gate.control import torch_broadcast
 
-    if group is None:
-        try:
-            from sglang.srt.runtime_context import get_parallel
-
-            group = get_parallel().attn_tp_group.cpu_group
-        except Exception:
-            from sglang.srt.layers.dp_attention import get_attention_tp_group
-
-            group = get_attention_tp_group().cpu_group
+    group = _tp_cpu_group(group)
     return torch_broadcast(group), dist.get_rank(group) == 0
 
 
