@@ -12,7 +12,8 @@ synchronisation, as the wall time between two consecutive decode results being
 resolved by the scheduler in this process. With overlap scheduling the result of
 step N is resolved while step N+1 already runs, so outcomes arrive one step
 after the decision that produced them (two with a full pipeline); a policy must
-not assume that ``observe`` for step N comes before ``decide`` for step N+1.
+not assume that ``observe`` for step N comes before ``decide`` for step N+1
+(under tensor parallelism outcomes arrive in batches, see :class:`Policy`).
 While the GPU is the bottleneck the interval equals the device step time.
 It is ``None`` when the previous resolution was not a decode step (a prefill
 batch ran in between, or the server was idle), because then it measures
@@ -157,14 +158,18 @@ class Policy(Protocol):
     Rules a policy must follow:
 
     * Be deterministic in what it is given: every TP rank calls ``decide`` with
-      the same views and ``observe`` with the same outcomes except for
-      ``interval_s`` (wall clocks differ between ranks). A policy that uses
-      timings must only use the agreed timings the gate provides (see the
-      adapters' TP notes) or accept that ranks may disagree.
+      the same views and ``observe`` with the same outcomes. Wall clocks differ
+      between ranks, so with ``tp_size > 1`` the gate holds outcomes back and
+      delivers them every few steps with rank 0's ``interval_s``
+      (:mod:`eagle_gate.agreement`); a policy must not read clocks itself.
     * Be fast: ``decide`` is on the scheduler's critical path.
     * Raising, or returning something that is not a :class:`Mode`, never
       breaks the server: the gate runs SGLang's stock speculative step and
       counts a policy error.
+
+    Optional: ``estimates() -> dict[str, float]`` exposes what the policy
+    believes (for example tokens/s per mode); the gate exports it as the
+    ``eagle_gate_policy_estimate`` metric and in its status.
     """
 
     name: str
