@@ -22,7 +22,9 @@ def write(tmp_path, text: str):
 
 def test_defaults():
     config = resolve_config(environ={})
-    assert config.policy == "threshold"
+    assert config.policy == "goodput"
+    assert config.settings["initial_mode"] == "spec"
+    config = resolve_config(environ={}, cli_policy="threshold")
     assert config.settings == {
         "plain_above": 8,
         "spec_at_or_below": 4,
@@ -43,7 +45,8 @@ def test_precedence_cli_over_env_over_file(tmp_path):
 
     path = write(
         tmp_path,
-        "[settings]\nplain_above = 30\nspec_at_or_below = 10\nmin_dwell_steps = 5\n",
+        'policy = "threshold"\n[settings]\n'
+        "plain_above = 30\nspec_at_or_below = 10\nmin_dwell_steps = 5\n",
     )
     env = {
         "EAGLE_GATE_CONFIG": path,
@@ -76,13 +79,13 @@ def test_unknown_policy_lists_available():
 )
 def test_bad_settings_name_key_value_and_allowed(assignment, fragments):
     with pytest.raises(ConfigError) as err:
-        resolve_config(environ={}, cli_sets=[assignment])
+        resolve_config(environ={}, cli_policy="threshold", cli_sets=[assignment])
     for fragment in fragments:
         assert fragment in str(err.value)
 
 
 def test_wrong_type_in_config_file_names_file(tmp_path):
-    path = write(tmp_path, '[settings]\nplain_above = "eight"\n')
+    path = write(tmp_path, 'policy = "threshold"\n[settings]\nplain_above = "eight"\n')
     with pytest.raises(ConfigError) as err:
         resolve_config(environ={}, cli_config=path)
     assert "'eight'" in str(err.value) and path in str(err.value)

@@ -141,7 +141,8 @@ def test_bad_policy_setting_fails_before_the_model_loads(tmp_path):
     missing_model = tmp_path / "no-model-here"
     out, _ = run_launch(
         GATE_LAUNCH
-        + ["--model-path", str(missing_model), "--gate-set", "min_dwell_steps=soon"]
+        + ["--model-path", str(missing_model), "--gate-policy", "threshold"]
+        + ["--gate-set", "min_dwell_steps=soon"]
     )
     assert out.returncode == 2
     assert "'min_dwell_steps'" in out.stderr and "'soon'" in out.stderr

@@ -18,7 +18,7 @@ Sources, highest precedence first:
        [settings]
        plain_above = 16
 
-4. the policy's own defaults (default policy: ``threshold``).
+4. the policy's own defaults (default policy: ``goodput``).
 
 Settings merge key by key: a key given on the command line overrides the same
 key from the environment, which overrides the file. The launcher resolves and
@@ -59,7 +59,7 @@ __all__ = [
     "gate_requested",
 ]
 
-DEFAULT_POLICY = "threshold"
+DEFAULT_POLICY = "goodput"
 ENV_POLICY = "EAGLE_GATE_POLICY"
 ENV_SET = "EAGLE_GATE_SET"
 ENV_CONFIG = "EAGLE_GATE_CONFIG"
