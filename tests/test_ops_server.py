@@ -19,7 +19,7 @@ server (control applies at once when idle).
 from __future__ import annotations
 
 import json
-import socket
+import os
 import subprocess
 import sys
 import time
@@ -109,15 +109,65 @@ def install_failing_plugin(site: Path) -> Path:
     return site
 
 
-def local_non_loopback_ipv4() -> str | None:
-    """An IPv4 address of this machine that is not loopback, if any."""
-    import psutil
+@pytest.fixture(scope="module")
+def remote_host():
+    """A test host of our own: a network namespace joined to this machine by a
+    veth pair (iproute2, as root). Requests run inside it reach the server with
+    a non-loopback source address, and traffic stays between the two ends of
+    the pair we made. Yields (address of this machine's end, a function that
+    runs an HTTP request from inside the namespace)."""
+    tag = os.getpid() % 200 + 20
+    ns, host_if, peer_if = f"eg_ops_{os.getpid()}", f"egh{tag}", f"egn{tag}"
+    host_ip, peer_ip = f"10.211.{tag}.1", f"10.211.{tag}.2"
+    steps = [
+        ["ip", "netns", "add", ns],
+        ["ip", "link", "add", host_if, "type", "veth", "peer", "name", peer_if],
+        ["ip", "link", "set", peer_if, "netns", ns],
+        ["ip", "addr", "add", f"{host_ip}/24", "dev", host_if],
+        ["ip", "link", "set", host_if, "up"],
+        [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "ip",
+            "addr",
+            "add",
+            f"{peer_ip}/24",
+            "dev",
+            peer_if,
+        ],
+        ["ip", "netns", "exec", ns, "ip", "link", "set", peer_if, "up"],
+        ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+    ]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True, text=True)
 
-    for addrs in psutil.net_if_addrs().values():
-        for a in addrs:
-            if a.family == socket.AF_INET and not a.address.startswith("127."):
-                return a.address
-    return None
+        def request(method: str, url: str, body: dict | None = None):
+            code = (
+                "import json, sys, urllib.request, urllib.error\n"
+                "method, url, body = sys.argv[1], sys.argv[2], sys.argv[3]\n"
+                "data = body.encode() if body else None\n"
+                "req = urllib.request.Request(url, data=data, method=method,"
+                " headers={'Content-Type': 'application/json'})\n"
+                "try:\n"
+                "    r = urllib.request.urlopen(req, timeout=30); c = r.status\n"
+                "except urllib.error.HTTPError as e:\n"
+                "    r, c = e, e.code\n"
+                "print(json.dumps([c, json.loads(r.read().decode() or 'null')]))\n"
+            )
+            out = subprocess.run(
+                ["ip", "netns", "exec", ns, sys.executable, "-c", code, method, url,
+                 json.dumps(body) if body is not None else ""],
+                check=True, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            return tuple(json.loads(out.stdout))
+
+        yield host_ip, peer_ip, request
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 def http(method, url, body=None, *, key=None, timeout=30):
@@ -298,16 +348,14 @@ def test_invalid_change_is_refused_naming_the_problem(server, body, words):
     )
 
 
-def test_change_without_key_is_refused_from_a_non_loopback_address(server):
-    address = local_non_loopback_ipv4()
-    if address is None:
-        pytest.skip("this machine has no non-loopback IPv4 address")
-    base = f"http://{address}:{server.port}"
-    code, view = http("GET", f"{base}/eagle_gate/status")
+def test_change_without_key_is_refused_from_a_non_loopback_address(server, remote_host):
+    host_ip, peer_ip, request = remote_host
+    base = f"http://{host_ip}:{server.port}"
+    code, view = request("GET", f"{base}/eagle_gate/status")
     assert code == 200  # reading is allowed (no key configured)
-    code, reply = http("POST", f"{base}/eagle_gate/policy", {"policy": "never"})
+    code, reply = request("POST", f"{base}/eagle_gate/policy", {"policy": "never"})
     assert code == 403, reply
-    assert "loopback" in reply["error"] and address in reply["error"]
+    assert "loopback" in reply["error"] and peer_ip in reply["error"]
     assert all(r["policy"] != "never" for r in scheduler_versions(base)["schedulers"])
 
 
