@@ -27,7 +27,8 @@ def add_gate_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup
         "--gate-policy",
         metavar="NAME",
         help="policy deciding SPEC or PLAIN per decode batch (env EAGLE_GATE_POLICY;"
-        " default: goodput). Built-ins: always, never, threshold, goodput; plugins add more",
+        " default: goodput). Built-ins: always, never, threshold, goodput; plugins "
+        "add more",
     )
     parser.add_argument(
         "--gate-set",

@@ -451,6 +451,88 @@ def _control_broadcast(group: Any) -> tuple[Any, bool]:
     return torch_broadcast(group), dist.get_rank(group) == 0
 
 
+def scheduler_init_wrapper(activate_in_scheduler: Callable[[Any], Any]) -> Callable:
+    """The wrapper around ``Scheduler.__init__``: SGLang's own init, then the
+    gate's activation in this scheduler process (which may refuse the setup)."""
+
+    def init(wrapped, instance, args, kwargs):
+        wrapped(*args, **kwargs)
+        activate_in_scheduler(instance)
+
+    return init
+
+
+def activate_scheduler(
+    adapter: Any,
+    scheduler: Any,
+    *,
+    tp_rank: int,
+    tp_size: int,
+    dp_rank: int | None,
+    worker_hint: str,
+    config: GateConfig | None = None,
+) -> GateRuntime:
+    """What every adapter's ``activate_in_scheduler`` does once it knows its
+    ranks: judge the speculative setup, insist the patches are in place, then
+    :func:`activate` with the adapter's plain step. ``worker_hint`` says why
+    SGLang might have built another worker than EAGLEWorkerV2."""
+    server_args = scheduler.server_args
+    gated, state = adapter.check_server_args(server_args)
+    if gated:
+        from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+        worker = getattr(scheduler, "draft_worker", None)
+        if not isinstance(worker, EAGLEWorkerV2):
+            raise GateRefused(
+                f"SGLang built {type(worker).__name__}, not EAGLEWorkerV2; "
+                f"{worker_hint}"
+            )
+        adapter.INSTRUMENTOR.require_applied()
+    else:
+        adapter.INSTRUMENTOR.require_applied(
+            [adapter.SCHEDULER_MODULE, adapter.RESOLVER_MODULE]
+        )
+    config = config or config_from_environment()
+    return activate(
+        adapter_name=adapter.NAME,
+        sglang_version=adapter.SGLANG_VERSIONS[0],
+        gated=gated,
+        state=state,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        dp_rank=dp_rank,
+        num_draft_tokens=(
+            int(scheduler.draft_worker.speculative_num_draft_tokens) if gated else 1
+        ),
+        speculative_algorithm=getattr(server_args, "speculative_algorithm", None),
+        plain_step=(
+            adapter.make_plain_step(config.draft_sync) if config.plain_step else None
+        ),
+        config=config,
+        control_group=getattr(scheduler, "attn_tp_cpu_group", None),
+    )
+
+
+def common_plain_blocker(batch: Any) -> str | None:
+    """The reasons both versions share for running SPEC instead of a plain
+    step: what a server without speculation would sample differently or
+    return more of. CPU-side fields only: no device synchronisation."""
+    if getattr(batch, "return_logprob", False):
+        return "logprobs"
+    if getattr(batch, "has_grammar", False):
+        return "grammar"
+    if getattr(batch, "return_hidden_states", False):
+        return "return_hidden_states"
+    sampling = getattr(batch, "sampling_info", None)
+    if sampling is not None:
+        orchestrator = getattr(sampling, "penalizer_orchestrator", None)
+        if orchestrator is not None and getattr(orchestrator, "is_required", False):
+            return "penalties"
+        if getattr(sampling, "has_custom_logit_processor", False):
+            return "custom_logit_processor"
+    return None
+
+
 def check_speculation(
     server_args: Any, *, extra_refusals: Sequence[tuple[str, str]] = ()
 ) -> tuple[bool, str]:

@@ -22,6 +22,7 @@ What this version needs (read from the 0.5.23 wheel):
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from eagle_gate.adapters._base import (
@@ -29,16 +30,17 @@ from eagle_gate.adapters._base import (
     Instrumentor,
     PatchTarget,
     PlainStep,
-    activate,
+    activate_scheduler,
     check_speculation,
+    common_plain_blocker,
     eager_target,
     flat_plain_tokens,
     kv_slots,
     make_worker_wrapper,
     resolver_wrapper,
+    scheduler_init_wrapper,
     spread_rows,
 )
-from eagle_gate.config import config_from_environment
 
 SGLANG_VERSIONS = ("0.5.23",)
 NAME = "sglang-0.5.23"
@@ -69,16 +71,14 @@ SCHEDULER_ENTRY_TARGET = PatchTarget(
 PLUGIN_LOADER_TARGET = PatchTarget("sglang.srt.plugins", "load_plugins", ())
 
 
-def _scheduler_init(wrapped, instance, args, kwargs):
-    wrapped(*args, **kwargs)
-    activate_in_scheduler(instance)
-
-
 INSTRUMENTOR = Instrumentor(
     [
         (WORKER_TARGET, make_worker_wrapper("batch")),
         (RESOLVER_TARGET, resolver_wrapper),
-        (SCHEDULER_INIT_TARGET, _scheduler_init),
+        (
+            SCHEDULER_INIT_TARGET,
+            scheduler_init_wrapper(lambda s: activate_in_scheduler(s)),
+        ),
     ]
 )
 TARGETS = (
@@ -137,37 +137,15 @@ def _parallel() -> Any:
 
 def activate_in_scheduler(scheduler: Any, config=None):
     """Runs right after ``Scheduler.__init__`` in each scheduler process."""
-    server_args = scheduler.server_args
-    gated, state = check_server_args(server_args)
-    if gated:
-        from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-
-        worker = getattr(scheduler, "draft_worker", None)
-        if not isinstance(worker, EAGLEWorkerV2):
-            raise GateRefused(
-                f"SGLang built {type(worker).__name__}, not EAGLEWorkerV2, for this "
-                "speculative setup; eagle_gate only gates EAGLEWorkerV2"
-            )
-        INSTRUMENTOR.require_applied()
-    else:
-        INSTRUMENTOR.require_applied([SCHEDULER_MODULE, RESOLVER_MODULE])
     par = _parallel()
-    config = config or config_from_environment()
-    return activate(
-        adapter_name=NAME,
-        sglang_version=SGLANG_VERSIONS[0],
-        gated=gated,
-        state=state,
+    return activate_scheduler(
+        sys.modules[__name__],
+        scheduler,
         tp_rank=int(getattr(par, "tp_rank", 0) or 0),
         tp_size=int(getattr(par, "tp_size", 1) or 1),
         dp_rank=getattr(par, "dp_rank", None),
-        num_draft_tokens=(
-            int(scheduler.draft_worker.speculative_num_draft_tokens) if gated else 1
-        ),
-        speculative_algorithm=getattr(server_args, "speculative_algorithm", None),
-        plain_step=make_plain_step(config.draft_sync) if config.plain_step else None,
+        worker_hint="eagle_gate only gates EAGLEWorkerV2",
         config=config,
-        control_group=getattr(scheduler, "attn_tp_cpu_group", None),
     )
 
 
@@ -228,24 +206,15 @@ def plain_step_blocker(batch: Any) -> str | None:
     worker sees the scheduler's ``ScheduleBatch`` with a forward-only copy of
     its sampling info, whose penalties are pre-accumulated into buffers.
     """
-    if getattr(batch, "return_logprob", False):
-        return "logprobs"
-    if getattr(batch, "has_grammar", False):
-        return "grammar"
-    if getattr(batch, "return_hidden_states", False):
-        return "return_hidden_states"
+    reason = common_plain_blocker(batch)
+    if reason is not None:
+        return reason
     sampling = getattr(batch, "sampling_info", None)
-    if sampling is not None:
-        if (
-            getattr(sampling, "acc_additive_penalties", None) is not None
-            or getattr(sampling, "acc_scaling_penalties", None) is not None
-        ):
-            return "penalties"
-        orchestrator = getattr(sampling, "penalizer_orchestrator", None)
-        if orchestrator is not None and getattr(orchestrator, "is_required", False):
-            return "penalties"
-        if getattr(sampling, "has_custom_logit_processor", False):
-            return "custom_logit_processor"
+    if sampling is not None and (
+        getattr(sampling, "acc_additive_penalties", None) is not None
+        or getattr(sampling, "acc_scaling_penalties", None) is not None
+    ):
+        return "penalties"
     if any(getattr(req, "lora_id", None) is not None for req in batch.reqs):
         return "lora"
     spec = getattr(batch, "spec_info", None)

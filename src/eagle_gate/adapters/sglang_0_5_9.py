@@ -15,6 +15,7 @@ What this version needs (read from the 0.5.9 wheel):
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from eagle_gate.adapters._base import (
@@ -22,16 +23,17 @@ from eagle_gate.adapters._base import (
     Instrumentor,
     PatchTarget,
     PlainStep,
-    activate,
+    activate_scheduler,
     check_speculation,
+    common_plain_blocker,
     eager_target,
     flat_plain_tokens,
     kv_slots,
     make_worker_wrapper,
     resolver_wrapper,
+    scheduler_init_wrapper,
     spread_rows,
 )
-from eagle_gate.config import config_from_environment
 
 SGLANG_VERSIONS = ("0.5.9",)
 NAME = "sglang-0.5.9"
@@ -71,16 +73,14 @@ LAUNCH_TARGET = PatchTarget(
 SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
 
 
-def _scheduler_init(wrapped, instance, args, kwargs):
-    wrapped(*args, **kwargs)
-    activate_in_scheduler(instance)
-
-
 INSTRUMENTOR = Instrumentor(
     [
         (WORKER_TARGET, make_worker_wrapper("model_worker_batch")),
         (RESOLVER_TARGET, resolver_wrapper),
-        (SCHEDULER_INIT_TARGET, _scheduler_init),
+        (
+            SCHEDULER_INIT_TARGET,
+            scheduler_init_wrapper(lambda s: activate_in_scheduler(s)),
+        ),
     ]
 )
 TARGETS = (
@@ -138,34 +138,15 @@ def check_server_args(
 
 def activate_in_scheduler(scheduler: Any, config=None):
     """Runs right after ``Scheduler.__init__`` in each scheduler process."""
-    server_args = scheduler.server_args
-    gated, state = check_server_args(server_args)
-    if gated:
-        from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-
-        worker = getattr(scheduler, "draft_worker", None)
-        if not isinstance(worker, EAGLEWorkerV2):
-            raise GateRefused(
-                f"SGLang built {type(worker).__name__}, not EAGLEWorkerV2; the gate "
-                f"needs the spec-v2 path ({SPEC_V2_ENV}=1, overlap scheduling on)"
-            )
-        INSTRUMENTOR.require_applied()
-    else:
-        INSTRUMENTOR.require_applied([SCHEDULER_MODULE, RESOLVER_MODULE])
-    config = config or config_from_environment()
-    return activate(
-        adapter_name=NAME,
-        sglang_version=SGLANG_VERSIONS[0],
-        gated=gated,
-        state=state,
+    return activate_scheduler(
+        sys.modules[__name__],
+        scheduler,
         tp_rank=int(getattr(scheduler, "tp_rank", 0) or 0),
         tp_size=int(getattr(scheduler, "tp_size", 1) or 1),
         dp_rank=getattr(scheduler, "dp_rank", None),
-        num_draft_tokens=stride_of(scheduler) if gated else 1,
-        speculative_algorithm=getattr(server_args, "speculative_algorithm", None),
-        plain_step=make_plain_step(config.draft_sync) if config.plain_step else None,
+        worker_hint=f"the gate needs the spec-v2 path ({SPEC_V2_ENV}=1, overlap "
+        "scheduling on)",
         config=config,
-        control_group=getattr(scheduler, "attn_tp_cpu_group", None),
     )
 
 
@@ -237,21 +218,9 @@ def plain_step_blocker(batch: Any) -> str | None:
     need more than that run SGLang's speculative step instead, counted by
     this reason. Only CPU-side fields are read: no device synchronisation.
     """
-    if getattr(batch, "return_logprob", False):
-        return "logprobs"
-    if getattr(batch, "has_grammar", False):
-        return "grammar"
-    if getattr(batch, "return_hidden_states", False) or getattr(
-        batch, "capture_hidden_mode_requested", False
-    ):
-        return "return_hidden_states"
-    sampling = getattr(batch, "sampling_info", None)
-    if sampling is not None:
-        orchestrator = getattr(sampling, "penalizer_orchestrator", None)
-        if orchestrator is not None and getattr(orchestrator, "is_required", False):
-            return "penalties"
-        if getattr(sampling, "has_custom_logit_processor", False):
-            return "custom_logit_processor"
+    reason = common_plain_blocker(batch)
+    if reason is not None:
+        return reason
     if any(lora is not None for lora in getattr(batch, "lora_ids", None) or ()):
         return "lora"
     spec = getattr(batch, "spec_info", None)
