@@ -335,10 +335,18 @@ def activate(
     ACTIVE.runtime = runtime if gated else None
     ACTIVE.gate = runtime
     ACTIVE.plain_step = plain_step
+    plain_mode = (
+        f"plain step on (target eager, no decode CUDA graphs; draft sync "
+        f"{config.draft_sync})"
+        if plain_step is not None
+        else "plain step off (PLAIN decisions run SPEC)"
+    )
     extra = {
         "state": state,
         "dp_rank": dp_rank,
         "speculative_algorithm": speculative_algorithm,
+        "plain_step": plain_mode,
+        "draft_sync": config.draft_sync,
     }
     status_dir = config.status_dir or str(default_status_dir(os.getppid()))
     # is_source: reads control requests (gating) and exports metrics.
@@ -392,7 +400,7 @@ def activate(
     ops.start()
     logger.info(
         "eagle_gate active in scheduler pid %d (TP %d/%d): SGLang %s, adapter %s, "
-        "policy %r %s, state: %s, status: %s",
+        "policy %r %s, state: %s, %s, status: %s",
         os.getpid(),
         tp_rank,
         tp_size,
@@ -401,6 +409,7 @@ def activate(
         config.policy,
         config.settings,
         state,
+        plain_mode if gated else "plain step unused",
         path,
     )
     return runtime

@@ -5,6 +5,7 @@ Examples::
     python -m eagle_gate.sim                       # all built-in profiles
     python -m eagle_gate.sim --profile seed-pcie-tp8 --workload grid
     python -m eagle_gate.sim --profile-file my.toml --quick
+    python -m eagle_gate.sim replay decisions-1234.jsonl --policy threshold
 
 Prints, per profile and workload, output tok/s and mean TPOT of every policy
 (always, never, threshold, threshold* = tuned by grid search, sglang-ema,
@@ -29,6 +30,11 @@ DEFAULT_WORKLOADS = ("grid", "ramp", "mix")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["replay"]:
+        from eagle_gate.sim.replay import main as replay_main
+
+        return replay_main(argv[1:])
     ap = argparse.ArgumentParser(
         prog="python -m eagle_gate.sim", description=__doc__.split("\n\n")[0]
     )
