@@ -177,3 +177,32 @@ def test_threshold_policy_through_the_wrapper(gpu_forward_stand_in):
         assert ACTIVE.runtime.decisions_by_mode == [2, 2]
     finally:
         ACTIVE.runtime = None
+
+
+def test_a_failing_plain_step_leaves_the_batch_as_sglang_gave_it(
+    gate, gpu_forward_stand_in
+):
+    """The plain step raises half-way; the stock step (stand-in) that runs
+    instead must see the batch's original fields."""
+    policy, views = gate
+    policy.answer = Mode.PLAIN
+    ACTIVE.runtime.plain_step_available = True
+    batch = decode_batch([3, 4])
+    original = {name: getattr(batch, name) for name in ("seq_lens", "spec_info")}
+    seen = {}
+
+    def half_done(worker, b, *args, **kwargs):
+        b.seq_lens = b.seq_lens + 1
+        b.spec_info = None
+        raise RuntimeError("GPU says no")
+
+    def stock(b, *args, **kwargs):
+        seen.update(seq_lens=b.seq_lens, spec_info=b.spec_info)
+        return gpu_forward_stand_in(b)
+
+    ACTIVE.plain_step = PlainStep(run=half_done, blocker=lambda b: None)
+    result = make_worker_wrapper("batch")(stock, object(), (batch,), {})
+    assert result.eagle_gate_mode is Mode.SPEC
+    assert seen["seq_lens"] is original["seq_lens"]
+    assert seen["spec_info"] is original["spec_info"]
+    assert ACTIVE.runtime.overrides.get("plain_step_failed") == 1

@@ -584,17 +584,44 @@ def flat_plain_tokens(next_token_ids: Any, stride: int) -> tuple[Any, Any]:
     return flat, torch.ones(bs, dtype=torch.int32, device=device)
 
 
+#: the batch fields a plain step rebinds (the versions' union).
+PLAIN_STEP_FIELDS = (
+    "input_ids",
+    "out_cache_loc",
+    "seq_lens",
+    "seq_lens_cpu",
+    "seq_lens_sum",
+    "spec_info",
+    "forward_mode",
+    "capture_hidden_mode",
+)
+
+
 class PlainStep:
     """A version's plain step: ``blocker(batch)`` says why a batch cannot take
-    it (or None), ``run(worker, batch, ...)`` runs it and returns the result."""
+    it (or None), ``run(worker, batch, ...)`` runs it and returns the result.
+
+    If the step raises, the batch fields it rebinds are put back before the
+    exception leaves, so the stock speculative step that then runs instead
+    (see ``GateRuntime.run_plain_step``) sees the batch SGLang handed over.
+    """
 
     def __init__(
         self,
         run: Callable[..., Any],
         blocker: Callable[[Any], str | None],
     ) -> None:
-        self.run = run
+        self._run = run
         self.blocker = blocker
+
+    def run(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        saved = [(name, getattr(batch, name, None)) for name in PLAIN_STEP_FIELDS]
+        try:
+            return self._run(worker, batch, *args, **kwargs)
+        except BaseException:
+            for name, value in saved:
+                setattr(batch, name, value)
+            raise
 
 
 def kv_slots(req_to_token: Any, req_pool_indices: Any, start: Any, width: int):
