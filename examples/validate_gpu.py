@@ -10,7 +10,8 @@ What it checks, against real models on your GPU:
 2. **Acceptance across switches**: from the gate's decision log, the mean
    accept length of SPEC steps right after a PLAIN stretch, against the mean
    of the other SPEC steps, per draft strategy (``eager`` should keep them
-   equal; ``none`` shows the cold-recovery dip).
+   equal, ``lazy`` too for PLAIN stretches up to the draft-token count;
+   ``none`` shows the cold-recovery dip).
 3. **Plain-step cost**: output tok/s of the gated server with policy
    ``never`` (every step a plain step) against the server without
    speculation, at a few concurrencies, as ratios (1.0 = the plain step costs
@@ -159,7 +160,7 @@ def main() -> int:
     parser.add_argument("--switch-every", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--concurrency", default="1,8,32")
-    parser.add_argument("--strategies", default="eager,none")
+    parser.add_argument("--strategies", default="eager,lazy,none")
     parser.add_argument("--startup-timeout", type=float, default=900)
     parser.add_argument("--no-speculation-smoke", action="store_true")
     parser.add_argument("--out", default=None)

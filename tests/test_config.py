@@ -137,7 +137,7 @@ def test_draft_sync_and_plain_step_sources_and_errors(tmp_path):
     assert GateConfig.from_json(config.to_json()) == config
     with pytest.raises(ConfigError, match="'sometimes'"):
         resolve_config(environ={}, cli_draft_sync="sometimes")
-    with pytest.raises(ConfigError, match="not implemented yet"):
-        resolve_config(environ={"EAGLE_GATE_DRAFT_SYNC": "lazy"})
+    lazy = resolve_config(environ={"EAGLE_GATE_DRAFT_SYNC": "lazy"})
+    assert lazy.draft_sync == "lazy"
     with pytest.raises(ConfigError, match="plain_step: value 'maybe'"):
         resolve_config(environ={"EAGLE_GATE_PLAIN_STEP": "maybe"})

@@ -218,3 +218,102 @@ def test_sampled_plain_step_follows_the_batch_sampling_parameters(harness, adapt
     harness.prepare_for_decode(hot)
     b = adapter.plain_step(harness.worker, hot.get_model_worker_batch(), "none")
     assert a.next_token_ids[0] == b.next_token_ids[0]
+
+
+def _plain_steps(harness, plain, batch, n):
+    """n plain steps through ``plain`` (a PlainStep); returns the new tokens,
+    ``[bs, n]``."""
+    tokens = []
+    for _ in range(n):
+        harness.prepare_for_decode(batch)
+        mwb = batch.get_model_worker_batch()
+        result = plain.run(harness.worker, mwb)
+        tokens.append(
+            result.next_token_ids[:: harness.worker.speculative_num_draft_tokens]
+        )
+        harness.commit(batch, result)
+    return torch.stack(tokens, dim=1)  # [bs, n]
+
+
+def _eager_reference(harness, adapter, prompts, n):
+    """What eager draft sync feeds the draft extend for the same n plain steps:
+    per step, each request's (position slots, token, hidden row)."""
+    from support.plain_harness import STRIDE
+
+    batch = harness.prefill(prompts)
+    harness.draft.extend_calls.clear()
+    for _ in range(n):
+        harness.prepare_for_decode(batch)
+        harness.commit(
+            batch, adapter.plain_step(harness.worker, batch.get_model_worker_batch())
+        )
+    calls = harness.draft.extend_calls
+    hidden = torch.stack([c["hidden"][::STRIDE] for c in calls], dim=1)  # [bs, n, H]
+    locs = torch.stack([c["out_cache_loc"].view(-1, STRIDE)[:, 0] for c in calls], 1)
+    return hidden, locs
+
+
+@pytest.mark.parametrize("n_plain", [3, 6])
+def test_lazy_catch_up_covers_exactly_the_gap(harness, adapter, n_plain):
+    """PLAIN x n with lazy sync, then SPEC: one batched draft extend before the
+    SPEC step gets the very (token, target hidden, KV slot) triples eager sync
+    would have fed step by step, for the whole gap when it fits the buffer
+    (STRIDE positions) and for its most recent STRIDE positions when not."""
+    from support.plain_harness import STRIDE
+
+    hidden_ref, locs_ref = _eager_reference(harness, adapter, PROMPTS[:2], n_plain)
+    plain = adapter.make_plain_step("lazy")
+    batch = harness.prefill(PROMPTS[:2])
+    harness.draft.extend_calls.clear()
+    tokens = _plain_steps(harness, plain, batch, n_plain)
+    assert harness.draft.extend_calls == []  # nothing ran for the draft yet
+    harness.prepare_for_decode(batch)
+    mwb = batch.get_model_worker_batch()
+    seq_lens = mwb.seq_lens.clone()
+    assert plain.before_spec(harness.worker, mwb) is True
+    (call,) = harness.draft.extend_calls
+    covered = min(n_plain, STRIDE)
+    window = slice(n_plain - covered, n_plain)
+    assert call["accept_lens"].tolist() == [covered, covered]
+    assert call["seq_lens"].tolist() == (seq_lens - covered).tolist()
+    ids = call["input_ids"].view(2, STRIDE)
+    assert ids[:, :covered].tolist() == tokens[:, window].tolist()
+    hid = call["hidden"].view(2, STRIDE, -1)
+    assert torch.allclose(hid[:, :covered], hidden_ref[:, window])
+    assert not hid[:, covered:].any()
+    locs = call["out_cache_loc"].view(2, STRIDE)[:, :covered]
+    table = harness.req_to_token_pool.req_to_token
+    rows = mwb.req_pool_indices.tolist()
+    expected = [
+        [int(table[r, p]) for p in range(s - covered, s)]
+        for r, s in zip(rows, seq_lens.tolist(), strict=True)
+    ]
+    assert locs.tolist() == expected
+    assert locs_ref.shape == (2, n_plain)
+    # the caught-up rows replaced the zero-filled next draft input
+    assert mwb.spec_info.topk_index[:, 0].tolist() == (tokens[:, -1] + 1).tolist()
+    # the batch is as the scheduler left it, and the gap is closed
+    assert mwb.seq_lens.tolist() == seq_lens.tolist()
+    assert plain.before_spec(harness.worker, mwb) is False
+
+
+def test_lazy_mode_switches_emit_exactly_the_plain_greedy_tokens(
+    harness, adapter, tiny_model
+):
+    from support.plain_harness import hf_greedy, spec_step_stand_in
+
+    plain = adapter.make_plain_step("lazy")
+    batch = harness.prefill(PROMPTS)
+    schedule = ["spec"] * 2 + ["plain"] * 5 + ["spec"] * 2 + ["plain"] * 2 + ["spec"]
+    for mode in schedule:
+        harness.prepare_for_decode(batch)
+        mwb = batch.get_model_worker_batch()
+        if mode == "spec":
+            plain.before_spec(harness.worker, mwb)
+            result = spec_step_stand_in(harness, mwb, 2)
+        else:
+            result = plain.run(harness.worker, mwb)
+        harness.commit(batch, result)
+    n = 1 + 2 * 5 + 7
+    for req, prompt in zip(batch.reqs, PROMPTS, strict=True):
+        assert req.output_ids == hf_greedy(tiny_model, prompt, n)

@@ -175,3 +175,90 @@ def test_blocker_names_what_the_plain_step_cannot_serve(
         assert adapter.plain_step_blocker(batch) == reason
         batch.return_logprob = True
         assert adapter.plain_step_blocker(batch) == "logprobs"
+
+
+def _lazy_plain_steps(harness, plain, batch, n):
+    from support.plain_harness_0_5_23 import STRIDE
+
+    tokens = []
+    for _ in range(n):
+        harness.prepare_for_decode(batch)
+        with harness.forward_isolation(batch):
+            result = plain.run(harness.worker, batch)
+        tokens.append(result.next_token_ids[::STRIDE])
+        harness.commit(batch, result)
+    return torch.stack(tokens, dim=1)
+
+
+def _eager_hidden(harness, adapter, prompts, n):
+    from support.plain_harness_0_5_23 import STRIDE
+
+    batch = harness.prefill(prompts)
+    harness.draft.extend_calls.clear()
+    for _ in range(n):
+        harness.prepare_for_decode(batch)
+        harness.commit(batch, run_plain(harness, adapter, batch, "eager"))
+    return torch.stack([c["hidden"][::STRIDE] for c in harness.draft.extend_calls], 1)
+
+
+@pytest.mark.parametrize("n_plain", [3, 6])
+def test_lazy_catch_up_covers_exactly_the_gap(harness, adapter, n_plain):
+    """PLAIN x n with lazy sync, then SPEC: one batched draft extend gets the
+    (token, target hidden, KV slot) triples eager sync would have fed, for the
+    whole gap or its most recent STRIDE positions."""
+    from support.plain_harness_0_5_23 import STRIDE
+
+    hidden_ref = _eager_hidden(harness, adapter, PROMPTS[:2], n_plain)
+    plain = adapter.make_plain_step("lazy")
+    batch = harness.prefill(PROMPTS[:2])
+    harness.draft.extend_calls.clear()
+    tokens = _lazy_plain_steps(harness, plain, batch, n_plain)
+    assert harness.draft.extend_calls == []
+    harness.prepare_for_decode(batch)
+    seq_lens = batch.seq_lens.clone()
+    with harness.forward_isolation(batch):
+        assert plain.before_spec(harness.worker, batch) is True
+        caught_index = batch.spec_info.topk_index.clone()
+        assert batch.seq_lens.tolist() == seq_lens.tolist()
+    (call,) = harness.draft.extend_calls
+    covered = min(n_plain, STRIDE)
+    window = slice(n_plain - covered, n_plain)
+    assert call["accept_lens"].tolist() == [covered, covered]
+    assert call["seq_lens"].tolist() == (seq_lens - covered).tolist()
+    assert call["input_ids"].view(2, STRIDE)[:, :covered].tolist() == (
+        tokens[:, window].tolist()
+    )
+    hid = call["hidden"].view(2, STRIDE, -1)
+    assert torch.allclose(hid[:, :covered], hidden_ref[:, window])
+    assert not hid[:, covered:].any()
+    table = harness.req_to_token_pool.req_to_token
+    rows = batch.req_pool_indices.tolist()
+    expected = [
+        [int(table[r, p]) for p in range(s - covered, s)]
+        for r, s in zip(rows, seq_lens.tolist(), strict=True)
+    ]
+    assert call["out_cache_loc"].view(2, STRIDE)[:, :covered].tolist() == expected
+    assert caught_index[:, 0].tolist() == (tokens[:, -1] + 1).tolist()
+
+
+def test_lazy_mode_switches_emit_exactly_the_plain_greedy_tokens(
+    harness, adapter, tiny_model
+):
+    from support.plain_harness_0_5_23 import hf_greedy, spec_step_stand_in
+
+    plain = adapter.make_plain_step("lazy")
+    batch = harness.prefill(PROMPTS)
+    schedule = ["spec"] * 2 + ["plain"] * 5 + ["spec"] * 2 + ["plain"] * 2 + ["spec"]
+    for mode in schedule:
+        harness.prepare_for_decode(batch)
+        if mode == "spec":
+            with harness.forward_isolation(batch):
+                plain.before_spec(harness.worker, batch)
+            result = spec_step_stand_in(harness, batch, 2)
+        else:
+            with harness.forward_isolation(batch):
+                result = plain.run(harness.worker, batch)
+        harness.commit(batch, result)
+    n = 1 + 2 * 5 + 7
+    for req, prompt in zip(batch.reqs, PROMPTS, strict=True):
+        assert list(req.output_ids) == hf_greedy(tiny_model, prompt, n)

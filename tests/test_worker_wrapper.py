@@ -206,3 +206,30 @@ def test_a_failing_plain_step_leaves_the_batch_as_sglang_gave_it(
     assert seen["seq_lens"] is original["seq_lens"]
     assert seen["spec_info"] is original["spec_info"]
     assert ACTIVE.runtime.overrides.get("plain_step_failed") == 1
+
+
+def test_spec_steps_let_the_plain_step_catch_the_draft_up_first(
+    gate, gpu_forward_stand_in, mocker
+):
+    """With lazy draft sync, every SPEC step of a decode batch first runs the
+    plain step's catch-up; if that fails, the SPEC step still runs (the draft
+    stays stale, outputs do not change) and an internal error is counted."""
+    policy, views = gate
+    order = []
+    catch_up = mocker.Mock(side_effect=lambda w, b: order.append("catch-up"))
+    ACTIVE.plain_step = PlainStep(run=mocker.Mock(), blocker=lambda b: None)
+    ACTIVE.plain_step.before_spec = catch_up
+
+    def stock(b, *args, **kwargs):
+        order.append("spec")
+        return gpu_forward_stand_in(b)
+
+    wrapper = make_worker_wrapper("batch")
+    batch = decode_batch([3])
+    wrapper(stock, object(), (batch,), {})
+    assert order == ["catch-up", "spec"] and catch_up.call_args.args[1] is batch
+    catch_up.side_effect = RuntimeError("draft extend failed")
+    before = ACTIVE.internal_errors
+    result = wrapper(stock, object(), (decode_batch([3]),), {})
+    assert result.eagle_gate_mode is Mode.SPEC and order[-1] == "spec"
+    assert ACTIVE.internal_errors == before + 1

@@ -4,7 +4,7 @@ Sources, highest precedence first:
 
 1. command line: ``--gate-policy NAME``, ``--gate-set KEY=VALUE`` (repeatable),
    ``--gate-config FILE.toml``, ``--gate-status-dir DIR``,
-   ``--gate-draft-sync eager|none``, ``--gate-plain-step on|off``;
+   ``--gate-draft-sync eager|lazy|none``, ``--gate-plain-step on|off``;
 2. environment: ``EAGLE_GATE_POLICY``, ``EAGLE_GATE_SET`` ("k=v,k2=v2"),
    ``EAGLE_GATE_CONFIG``, ``EAGLE_GATE_STATUS_DIR``, ``EAGLE_GATE_DRAFT_SYNC``,
    ``EAGLE_GATE_PLAIN_STEP``;
@@ -69,7 +69,7 @@ ENV_DRAFT_SYNC = "EAGLE_GATE_DRAFT_SYNC"
 ENV_PLAIN_STEP = "EAGLE_GATE_PLAIN_STEP"
 
 #: how a plain step keeps the EAGLE draft model's state (see README).
-DRAFT_SYNC_CHOICES = ("eager", "none")
+DRAFT_SYNC_CHOICES = ("eager", "lazy", "none")
 DEFAULT_DRAFT_SYNC = "eager"
 #: turns the gate on with all defaults (0.5.23's stock launcher path).
 ENV_ENABLE = "EAGLE_GATE_ENABLE"
@@ -88,7 +88,7 @@ class GateConfig:
     policy: str
     settings: dict[str, Any] = field(default_factory=dict)
     status_dir: str | None = None
-    #: how a plain step keeps the draft model's state: "eager" or "none".
+    #: how a plain step keeps the draft model's state: "eager", "lazy", "none".
     draft_sync: str = DEFAULT_DRAFT_SYNC
     #: False: PLAIN decisions run SGLang's speculative step (an override).
     plain_step: bool = True
@@ -237,10 +237,6 @@ def resolve_config(
 def _choice(name: str, value: Any, choices: tuple[str, ...], default: str) -> str:
     if value is None or value == "":
         return default
-    if value == "lazy" and name == "draft_sync":
-        raise ConfigError(
-            "draft_sync 'lazy' is not implemented yet; allowed: " + ", ".join(choices)
-        )
     if value not in choices:
         raise ConfigError(
             f"{name}: value {value!r} is not allowed; expected one of "

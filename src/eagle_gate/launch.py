@@ -50,10 +50,11 @@ def add_gate_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup
     )
     parser.add_argument(
         "--gate-draft-sync",
-        choices=("eager", "none"),
+        choices=("eager", "lazy", "none"),
         help="how a PLAIN step keeps the EAGLE draft model's state: eager (a "
-        "one-token draft extend, exact resume) or none (cold recovery) "
-        "(env EAGLE_GATE_DRAFT_SYNC; default eager)",
+        "draft extend per plain step, exact resume), lazy (buffer the target's "
+        "hidden states, catch the draft up when SPEC resumes) or none (cold "
+        "recovery) (env EAGLE_GATE_DRAFT_SYNC; default eager)",
     )
     parser.add_argument(
         "--gate-plain-step",

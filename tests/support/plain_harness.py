@@ -59,7 +59,11 @@ class DraftStandIn:
         )
         nd = result.next_draft_input
         nd.topk_p = torch.full((bs, 1), 0.5)
-        nd.topk_index = result.next_token_ids[::STRIDE].to(torch.int64)[:, None] + 1
+        # the real draft extend reads the row of each request's last accepted
+        # position: select_index = i * STRIDE + accept_len - 1
+        select = torch.arange(bs) * STRIDE + result.accept_lens.to(torch.int64) - 1
+        picked = result.next_token_ids.to(torch.int64)[select]
+        nd.topk_index = picked[:, None] + 1
         nd.hidden_states = torch.ones((bs, HIDDEN))
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from eagle_gate.adapters._base import (
     GateRefused,
     Instrumentor,
+    LazyDraftSync,
     PatchTarget,
     PlainStep,
     activate_scheduler,
@@ -226,7 +227,11 @@ def plain_step_blocker(batch: Any) -> str | None:
 
 
 def plain_step(
-    worker: Any, batch: Any, on_publish: Any = None, draft_sync: str = "eager"
+    worker: Any,
+    batch: Any,
+    on_publish: Any = None,
+    draft_sync: str = "eager",
+    lazy: Any = None,
 ) -> Any:
     """One target DECODE step inside ``EAGLEWorkerV2`` (0.5.23).
 
@@ -245,7 +250,6 @@ def plain_step(
         CaptureHiddenMode,
         ForwardMode,
     )
-    from sglang.srt.speculative import eagle_worker_v2 as ew
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
     draft_input = batch.spec_info
@@ -267,9 +271,7 @@ def plain_step(
     batch.seq_lens_sum = seq_lens_sum + bs if seq_lens_sum is not None else None
     batch.spec_info = None
     batch.forward_mode = ForwardMode.DECODE
-    capture = (
-        CaptureHiddenMode.LAST if draft_sync == "eager" else CaptureHiddenMode.NULL
-    )
+    capture = CaptureHiddenMode.NULL if draft_sync == "none" else CaptureHiddenMode.LAST
     with eager_target(target.model_runner, "decode_cuda_graph_runner"):
         out = target.forward_batch_generation(batch, capture_hidden_mode=capture)
     tokens = out.next_token_ids
@@ -290,26 +292,50 @@ def plain_step(
         seq_lens_sum,
     )
     batch.forward_mode = ForwardMode.DECODE
+    logits = out.logits_output
     if draft_sync == "eager":
-        logits = out.logits_output
         logits.hidden_states = spread_rows(logits.hidden_states, stride)
         batch.out_cache_loc = kv_slots(
             req_to_token, batch.req_pool_indices, seq_lens, stride
         )
-        with (
-            ew.draft_tp_context(worker.draft_worker.parallel_layout),
-            ew.speculative_moe_backend_context(),
-            ew.speculative_moe_a2a_backend_context(),
-        ):
-            worker.draft_worker._draft_extend_for_decode(batch, result)
-        logits.hidden_states = None  # consumed; spares the scheduler a D2H copy
+        _draft_extend(worker, batch, result)
     else:
         worker._stub_skipped_draft_extend(batch, result)
+        if draft_sync == "lazy":
+            lazy.record(worker, batch, tokens, logits.hidden_states)
+    logits.hidden_states = None  # consumed; spares the scheduler a D2H copy
     return result
 
 
-def make_plain_step(draft_sync: str) -> PlainStep:
-    def run(worker: Any, batch: Any, on_publish: Any = None, *_: Any, **__: Any):
-        return plain_step(worker, batch, on_publish, draft_sync)
+def _draft_extend(worker: Any, batch: Any, result: Any) -> None:
+    """SGLang's own draft extend over ``result``'s flat layout, in the draft's
+    TP and MoE contexts, as ``EAGLEWorkerV2.forward_batch_generation`` runs it."""
+    from sglang.srt.speculative import eagle_worker_v2 as ew
 
-    return PlainStep(run=run, blocker=plain_step_blocker)
+    with (
+        ew.draft_tp_context(worker.draft_worker.parallel_layout),
+        ew.speculative_moe_backend_context(),
+        ew.speculative_moe_a2a_backend_context(),
+    ):
+        worker.draft_worker._draft_extend_for_decode(batch, result)
+
+
+def make_plain_step(draft_sync: str) -> PlainStep:
+    # 0.5.23 keeps the request's req_to_token row under req.kv
+    lazy = (
+        LazyDraftSync(lambda req: req.kv.req_pool_idx) if draft_sync == "lazy" else None
+    )
+
+    def run(worker: Any, batch: Any, on_publish: Any = None, *_: Any, **__: Any):
+        return plain_step(worker, batch, on_publish, draft_sync, lazy)
+
+    def before_spec(worker: Any, batch: Any) -> bool:
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+        return lazy.catch_up(worker, batch, _draft_extend, EagleDraftInput)
+
+    return PlainStep(
+        run=run,
+        blocker=plain_step_blocker,
+        before_spec=before_spec if lazy is not None else None,
+    )

@@ -21,6 +21,7 @@ from typing import Any
 from eagle_gate.adapters._base import (
     GateRefused,
     Instrumentor,
+    LazyDraftSync,
     PatchTarget,
     PlainStep,
     activate_scheduler,
@@ -229,7 +230,9 @@ def plain_step_blocker(batch: Any) -> str | None:
     return None
 
 
-def plain_step(worker: Any, batch: Any, draft_sync: str = "eager") -> Any:
+def plain_step(
+    worker: Any, batch: Any, draft_sync: str = "eager", lazy: Any = None
+) -> Any:
     """One target DECODE step inside ``EAGLEWorkerV2`` (0.5.9, spec-v2).
 
     Invariants (see the shared notes on SGLang internals):
@@ -278,7 +281,7 @@ def plain_step(worker: Any, batch: Any, draft_sync: str = "eager") -> Any:
     batch.spec_info = None
     batch.forward_mode = ForwardMode.DECODE
     batch.capture_hidden_mode = (
-        CaptureHiddenMode.LAST if draft_sync == "eager" else CaptureHiddenMode.NULL
+        CaptureHiddenMode.NULL if draft_sync == "none" else CaptureHiddenMode.LAST
     )
     with eager_target(target.model_runner):
         out = target.forward_batch_generation(batch)
@@ -305,26 +308,33 @@ def plain_step(worker: Any, batch: Any, draft_sync: str = "eager") -> Any:
         seq_lens_sum,
     )
     batch.forward_mode = ForwardMode.DECODE
+    logits = out.logits_output
     if draft_sync == "eager":
-        logits = out.logits_output
-        target_hidden = logits.hidden_states
-        logits.hidden_states = spread_rows(target_hidden, stride)
+        logits.hidden_states = spread_rows(logits.hidden_states, stride)
         batch.out_cache_loc = kv_slots(
             req_to_token, batch.req_pool_indices, seq_lens, stride
         )
-        from sglang.srt.speculative import eagle_worker_v2 as ew
-
-        draft = worker.draft_worker
-        with (
-            draft.draft_tp_context(draft.draft_runner.tp_group),
-            ew.speculative_moe_backend_context(),
-            ew.speculative_moe_a2a_backend_context(),
-        ):
-            draft._draft_extend_for_decode(batch, result)
-        logits.hidden_states = None  # consumed; spares the scheduler a D2H copy
+        _draft_extend(worker, batch, result)
     else:
         _zero_draft_state(worker, next_draft_input, bs)
+        if draft_sync == "lazy":
+            lazy.record(worker, batch, tokens, logits.hidden_states)
+    logits.hidden_states = None  # consumed; spares the scheduler a D2H copy
     return result
+
+
+def _draft_extend(worker: Any, batch: Any, result: Any) -> None:
+    """SGLang's own draft extend over ``result``'s flat layout, in the draft's
+    TP and MoE contexts, as ``EAGLEWorkerV2.forward_batch_generation`` runs it."""
+    from sglang.srt.speculative import eagle_worker_v2 as ew
+
+    draft = worker.draft_worker
+    with (
+        draft.draft_tp_context(draft.draft_runner.tp_group),
+        ew.speculative_moe_backend_context(),
+        ew.speculative_moe_a2a_backend_context(),
+    ):
+        draft._draft_extend_for_decode(batch, result)
 
 
 def _zero_draft_state(worker: Any, draft_input: Any, bs: int) -> None:
@@ -342,7 +352,18 @@ def _zero_draft_state(worker: Any, draft_input: Any, bs: int) -> None:
 
 
 def make_plain_step(draft_sync: str) -> PlainStep:
+    lazy = LazyDraftSync(lambda req: req.req_pool_idx) if draft_sync == "lazy" else None
+
+    def run(worker: Any, batch: Any, *_: Any, **__: Any) -> Any:
+        return plain_step(worker, batch, draft_sync, lazy)
+
+    def before_spec(worker: Any, batch: Any) -> bool:
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+        return lazy.catch_up(worker, batch, _draft_extend, EagleDraftInput)
+
     return PlainStep(
-        run=lambda worker, batch, *_, **__: plain_step(worker, batch, draft_sync),
+        run=run,
         blocker=plain_step_blocker,
+        before_spec=before_spec if lazy is not None else None,
     )
