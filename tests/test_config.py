@@ -141,3 +141,14 @@ def test_draft_sync_and_plain_step_sources_and_errors(tmp_path):
     assert lazy.draft_sync == "lazy"
     with pytest.raises(ConfigError, match="plain_step: value 'maybe'"):
         resolve_config(environ={"EAGLE_GATE_PLAIN_STEP": "maybe"})
+
+
+def test_lazy_buffer_bound_sources_and_errors(tmp_path):
+    assert resolve_config(environ={}).lazy_max_mib == 2048
+    path = write(tmp_path, "lazy_max_mib = 64\n")
+    assert resolve_config(environ={}, cli_config=path).lazy_max_mib == 64
+    env = {"EAGLE_GATE_CONFIG": path, "EAGLE_GATE_LAZY_MAX_MIB": "128"}
+    assert resolve_config(environ=env).lazy_max_mib == 128
+    assert resolve_config(environ=env, cli_lazy_max_mib="32").lazy_max_mib == 32
+    with pytest.raises(ConfigError, match="lazy_max_mib: value '0'"):
+        resolve_config(environ={}, cli_lazy_max_mib="0")

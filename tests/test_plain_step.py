@@ -317,3 +317,36 @@ def test_lazy_mode_switches_emit_exactly_the_plain_greedy_tokens(
     n = 1 + 2 * 5 + 7
     for req, prompt in zip(batch.reqs, PROMPTS, strict=True):
         assert req.output_ids == hf_greedy(tiny_model, prompt, n)
+
+
+def test_lazy_buffer_is_reported_at_start_and_bounded(harness, adapter):
+    """The size check at activation predicts the buffer the first lazy plain
+    step allocates, and a bound below it refuses the launch."""
+    import types
+
+    from eagle_gate.adapters._base import GateRefused, check_lazy_buffer
+    from eagle_gate.config import GateConfig
+
+    scheduler = types.SimpleNamespace(draft_worker=harness.worker)
+    server_args = types.SimpleNamespace(speculative_algorithm="EAGLE")
+    config = GateConfig("goodput", draft_sync="lazy", lazy_max_mib=64)
+    predicted = check_lazy_buffer(scheduler, server_args, config)
+    plain = adapter.make_plain_step("lazy")
+    batch = harness.prefill(PROMPTS[:1])
+    harness.prepare_for_decode(batch)
+    plain.run(harness.worker, batch.get_model_worker_batch())
+    assert plain.lazy.bytes == predicted > 0
+    tiny = GateConfig("goodput", draft_sync="lazy", lazy_max_mib=1)
+    big_rows = types.SimpleNamespace(
+        draft_worker=types.SimpleNamespace(
+            req_to_token_pool=types.SimpleNamespace(
+                req_to_token=torch.zeros((4096, 1), dtype=torch.int32)
+            ),
+            speculative_num_draft_tokens=4,
+            target_worker=harness.worker.target_worker,
+        )
+    )
+    with pytest.raises(GateRefused, match="lazy_max_mib=1"):
+        check_lazy_buffer(
+            big_rows, types.SimpleNamespace(speculative_algorithm="EAGLE3"), tiny
+        )

@@ -4,10 +4,11 @@ Sources, highest precedence first:
 
 1. command line: ``--gate-policy NAME``, ``--gate-set KEY=VALUE`` (repeatable),
    ``--gate-config FILE.toml``, ``--gate-status-dir DIR``,
-   ``--gate-draft-sync eager|lazy|none``, ``--gate-plain-step on|off``;
+   ``--gate-draft-sync eager|lazy|none``, ``--gate-plain-step on|off``,
+   ``--gate-lazy-max-mib N``;
 2. environment: ``EAGLE_GATE_POLICY``, ``EAGLE_GATE_SET`` ("k=v,k2=v2"),
    ``EAGLE_GATE_CONFIG``, ``EAGLE_GATE_STATUS_DIR``, ``EAGLE_GATE_DRAFT_SYNC``,
-   ``EAGLE_GATE_PLAIN_STEP``;
+   ``EAGLE_GATE_PLAIN_STEP``, ``EAGLE_GATE_LAZY_MAX_MIB``;
 3. the TOML config file (from 1 or 2)::
 
        policy = "threshold"
@@ -67,6 +68,9 @@ ENV_STATUS_DIR = "EAGLE_GATE_STATUS_DIR"
 ENV_RESOLVED = "EAGLE_GATE_RESOLVED"
 ENV_DRAFT_SYNC = "EAGLE_GATE_DRAFT_SYNC"
 ENV_PLAIN_STEP = "EAGLE_GATE_PLAIN_STEP"
+ENV_LAZY_MAX_MIB = "EAGLE_GATE_LAZY_MAX_MIB"
+#: default bound of the lazy draft-sync buffer, per scheduler process.
+DEFAULT_LAZY_MAX_MIB = 2048
 
 #: how a plain step keeps the EAGLE draft model's state (see README).
 DRAFT_SYNC_CHOICES = ("eager", "lazy", "none")
@@ -74,7 +78,14 @@ DEFAULT_DRAFT_SYNC = "eager"
 #: turns the gate on with all defaults (0.5.23's stock launcher path).
 ENV_ENABLE = "EAGLE_GATE_ENABLE"
 
-_FILE_KEYS = {"policy", "settings", "status_dir", "draft_sync", "plain_step"}
+_FILE_KEYS = {
+    "policy",
+    "settings",
+    "status_dir",
+    "draft_sync",
+    "plain_step",
+    "lazy_max_mib",
+}
 
 
 class ConfigError(ValueError):
@@ -92,6 +103,8 @@ class GateConfig:
     draft_sync: str = DEFAULT_DRAFT_SYNC
     #: False: PLAIN decisions run SGLang's speculative step (an override).
     plain_step: bool = True
+    #: memory bound of the lazy draft-sync buffer (MiB per scheduler process).
+    lazy_max_mib: int = DEFAULT_LAZY_MAX_MIB
 
     def to_json(self) -> str:
         return json.dumps(
@@ -101,6 +114,7 @@ class GateConfig:
                 "status_dir": self.status_dir,
                 "draft_sync": self.draft_sync,
                 "plain_step": self.plain_step,
+                "lazy_max_mib": self.lazy_max_mib,
             },
             sort_keys=True,
         )
@@ -115,6 +129,7 @@ class GateConfig:
                 status_dir=data.get("status_dir"),
                 draft_sync=data.get("draft_sync", DEFAULT_DRAFT_SYNC),
                 plain_step=bool(data.get("plain_step", True)),
+                lazy_max_mib=int(data.get("lazy_max_mib", DEFAULT_LAZY_MAX_MIB)),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"{ENV_RESOLVED} is not valid: {exc}") from exc
@@ -184,6 +199,7 @@ def resolve_config(
     cli_status_dir: str | None = None,
     cli_draft_sync: str | None = None,
     cli_plain_step: str | None = None,
+    cli_lazy_max_mib: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> GateConfig:
     """Merge all sources by precedence and validate the result completely.
@@ -213,6 +229,12 @@ def resolve_config(
         file_data.get("plain_step", True),
     )
 
+    lazy_max_mib = _positive_int(
+        "lazy_max_mib",
+        cli_lazy_max_mib or env.get(ENV_LAZY_MAX_MIB) or file_data.get("lazy_max_mib"),
+        DEFAULT_LAZY_MAX_MIB,
+    )
+
     raw: dict[str, Any] = dict(file_data.get("settings", {}))
     raw.update(parse_assignments(_split_env_set(env.get(ENV_SET, "")), ENV_SET))
     raw.update(parse_assignments(cli_sets, "--gate-set"))
@@ -229,6 +251,7 @@ def resolve_config(
         status_dir=status_dir,
         draft_sync=draft_sync,
         plain_step=plain_step,
+        lazy_max_mib=lazy_max_mib,
     )
     config.create_policy()
     return config
@@ -243,6 +266,21 @@ def _choice(name: str, value: Any, choices: tuple[str, ...], default: str) -> st
             + ", ".join(repr(c) for c in choices)
         )
     return value
+
+
+def _positive_int(name: str, value: Any, default: int) -> int:
+    if value is None or value == "":
+        return default
+    if not isinstance(value, bool):
+        try:
+            number = int(str(value).strip(), 10)
+        except ValueError:
+            number = 0
+        if number >= 1:
+            return number
+    raise ConfigError(
+        f"{name}: value {value!r} is not allowed; expected an integer >= 1"
+    )
 
 
 def _switch(name: str, value: Any, fallback: Any) -> bool:

@@ -57,6 +57,13 @@ def add_gate_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup
         "recovery) (env EAGLE_GATE_DRAFT_SYNC; default eager)",
     )
     parser.add_argument(
+        "--gate-lazy-max-mib",
+        metavar="N",
+        help="memory bound of the lazy draft-sync buffer per scheduler process; "
+        "a launch whose buffer would exceed it is refused "
+        "(env EAGLE_GATE_LAZY_MAX_MIB; default 2048)",
+    )
+    parser.add_argument(
         "--gate-plain-step",
         choices=("on", "off"),
         help="off: PLAIN decisions run SGLang's speculative step and are counted "
@@ -140,6 +147,7 @@ def prepare(argv: Sequence[str], environ: dict | None = None):
         cli_status_dir=gate_args.gate_status_dir,
         cli_draft_sync=gate_args.gate_draft_sync,
         cli_plain_step=gate_args.gate_plain_step,
+        cli_lazy_max_mib=gate_args.gate_lazy_max_mib,
         environ=env,
     )
     env[ENV_RESOLVED] = config.to_json()

@@ -507,6 +507,8 @@ def activate_scheduler(
             [adapter.SCHEDULER_MODULE, adapter.RESOLVER_MODULE]
         )
     config = config or config_from_environment()
+    if gated and config.plain_step and config.draft_sync == "lazy":
+        check_lazy_buffer(scheduler, server_args, config)
     return activate(
         adapter_name=adapter.NAME,
         sglang_version=adapter.SGLANG_VERSIONS[0],
@@ -525,6 +527,47 @@ def activate_scheduler(
         config=config,
         control_group=getattr(scheduler, "attn_tp_cpu_group", None),
     )
+
+
+def lazy_buffer_bytes(rows: int, width: int, hidden: int, dtype_bytes: int) -> int:
+    """Bytes of the lazy draft-sync ring: hidden rows plus int64 tokens."""
+    return rows * width * (hidden * dtype_bytes + 8)
+
+
+def check_lazy_buffer(scheduler: Any, server_args: Any, config: GateConfig) -> int:
+    """Report the lazy buffer's size at start and refuse it above the bound.
+
+    The width the draft's hidden input has is the target's hidden size, three
+    times it for EAGLE3 (its auxiliary layers), or the model config's
+    ``spec_hidden_size`` where the version has one.
+    """
+    worker = scheduler.draft_worker
+    rows = int(worker.req_to_token_pool.req_to_token.shape[0])
+    width = int(worker.speculative_num_draft_tokens)
+    model_config = worker.target_worker.model_config
+    hidden = getattr(model_config, "spec_hidden_size", None)
+    if not hidden:
+        aux = 3 if str(server_args.speculative_algorithm).upper() == "EAGLE3" else 1
+        hidden = aux * int(model_config.hidden_size)
+    dtype_bytes = getattr(model_config.dtype, "itemsize", 2)
+    size = lazy_buffer_bytes(rows, width, int(hidden), int(dtype_bytes))
+    bound = config.lazy_max_mib * 2**20
+    logger.info(
+        "eagle_gate: lazy draft sync will keep %d request slots x %d positions x "
+        "%d hidden: %.1f MiB (bound %d MiB)",
+        rows,
+        width,
+        hidden,
+        size / 2**20,
+        config.lazy_max_mib,
+    )
+    if size > bound:
+        raise GateRefused(
+            f"lazy draft sync needs {size / 2**20:.0f} MiB for its buffer, above "
+            f"lazy_max_mib={config.lazy_max_mib}; raise --gate-lazy-max-mib or "
+            "use --gate-draft-sync eager"
+        )
+    return size
 
 
 def common_plain_blocker(batch: Any) -> str | None:
@@ -616,11 +659,14 @@ class PlainStep:
         run: Callable[..., Any],
         blocker: Callable[[Any], str | None],
         before_spec: Callable[[Any, Any], Any] | None = None,
+        lazy: LazyDraftSync | None = None,
     ) -> None:
         self._run = run
         self.blocker = blocker
         #: runs before a SPEC step of a decode batch (lazy draft catch-up).
         self.before_spec = before_spec
+        #: the lazy draft-sync buffer, when draft_sync is "lazy".
+        self.lazy = lazy
 
     def run(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
         saved = [(name, getattr(batch, name, None)) for name in PLAIN_STEP_FIELDS]

@@ -338,4 +338,5 @@ def make_plain_step(draft_sync: str) -> PlainStep:
         run=run,
         blocker=plain_step_blocker,
         before_spec=before_spec if lazy is not None else None,
+        lazy=lazy,
     )
