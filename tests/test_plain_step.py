@@ -142,11 +142,14 @@ def test_next_draft_input_round_trips_through_the_real_future_map(harness, adapt
 
     future_map = FutureMap(8, 0, 2048, torch.device("cpu"), SpeculativeAlgorithm.EAGLE)
     batch = harness.prefill(PROMPTS[:2])
-    for run in ("spec", "plain-eager", "plain-none"):
+    lazy = adapter.make_plain_step("lazy")
+    for run in ("spec", "plain-eager", "plain-none", "plain-lazy"):
         harness.prepare_for_decode(batch)
         mwb = batch.get_model_worker_batch()
         if run == "spec":
             result = spec_step_stand_in(harness, mwb, 2)
+        elif run == "plain-lazy":
+            result = lazy.run(harness.worker, mwb)
         else:
             result = adapter.plain_step(harness.worker, mwb, run.split("-")[1])
         indices = future_map.alloc_future_indices(2)

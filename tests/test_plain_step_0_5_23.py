@@ -262,3 +262,35 @@ def test_lazy_mode_switches_emit_exactly_the_plain_greedy_tokens(
     n = 1 + 2 * 5 + 7
     for req, prompt in zip(batch.reqs, PROMPTS, strict=True):
         assert list(req.output_ids) == hf_greedy(tiny_model, prompt, n)
+
+
+def test_next_draft_input_round_trips_through_the_real_future_map(harness, adapter):
+    """0.5.23's FutureMap sizes its relay buffers from the first draft input it
+    stashes (here a SPEC step's); plain steps' next draft inputs, of every
+    draft-sync strategy, must stash into the same buffers unchanged."""
+    from sglang.srt.managers.overlap_utils import FutureMap, RelayPayload
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from support.plain_harness_0_5_23 import spec_step_stand_in
+
+    future_map = FutureMap(
+        torch.device("cpu"), SpeculativeAlgorithm.EAGLE, harness.req_to_token_pool
+    )
+    lazy = adapter.make_plain_step("lazy")
+    batch = harness.prefill(PROMPTS[:2])
+    for run in ("spec", "eager", "none", "lazy"):
+        harness.prepare_for_decode(batch)
+        if run == "spec":
+            result = spec_step_stand_in(harness, batch, 2)
+        elif run == "lazy":
+            with harness.forward_isolation(batch):
+                result = lazy.run(harness.worker, batch)
+        else:
+            result = run_plain(harness, adapter, batch, run)
+        rows = batch.req_pool_indices
+        nd = result.next_draft_input
+        future_map.stash(rows, RelayPayload.from_draft_input(nd))
+        assert future_map.output_tokens_buf[rows].tolist() == nd.bonus_tokens.tolist()
+        assert torch.equal(future_map.topk_p_buf[rows], nd.topk_p)
+        assert torch.equal(future_map.topk_index_buf[rows], nd.topk_index)
+        assert torch.equal(future_map.hidden_states_buf[rows], nd.hidden_states)
+        harness.commit(batch, result)
