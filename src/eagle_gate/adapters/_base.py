@@ -652,21 +652,34 @@ class PlainStep:
     If the step raises, the batch fields it rebinds are put back before the
     exception leaves, so the stock speculative step that then runs instead
     (see ``GateRuntime.run_plain_step``) sees the batch SGLang handed over.
+
+    With lazy draft sync, ``before_spec(worker, batch)`` catches the draft up
+    before a SPEC step, through the version's ``draft_extend(worker, batch,
+    result)`` and an empty draft input from ``new_draft_input()``.
     """
 
     def __init__(
         self,
         run: Callable[..., Any],
         blocker: Callable[[Any], str | None],
-        before_spec: Callable[[Any, Any], Any] | None = None,
+        *,
         lazy: LazyDraftSync | None = None,
+        draft_extend: Callable[[Any, Any, Any], None] | None = None,
+        new_draft_input: Callable[[], Any] | None = None,
     ) -> None:
         self._run = run
         self.blocker = blocker
-        #: runs before a SPEC step of a decode batch (lazy draft catch-up).
-        self.before_spec = before_spec
         #: the lazy draft-sync buffer, when draft_sync is "lazy".
         self.lazy = lazy
+        self._draft_extend = draft_extend
+        self._new_draft_input = new_draft_input
+        #: runs before a SPEC step of a decode batch (lazy draft catch-up).
+        self.before_spec = self._catch_up if lazy is not None else None
+
+    def _catch_up(self, worker: Any, batch: Any) -> bool:
+        return self.lazy.catch_up(
+            worker, batch, self._draft_extend, self._new_draft_input
+        )
 
     def run(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
         saved = [(name, getattr(batch, name, None)) for name in PLAIN_STEP_FIELDS]

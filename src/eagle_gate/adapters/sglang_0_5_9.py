@@ -357,14 +357,16 @@ def make_plain_step(draft_sync: str) -> PlainStep:
     def run(worker: Any, batch: Any, *_: Any, **__: Any) -> Any:
         return plain_step(worker, batch, draft_sync, lazy)
 
-    def before_spec(worker: Any, batch: Any) -> bool:
-        from sglang.srt.speculative.eagle_info import EagleDraftInput
-
-        return lazy.catch_up(worker, batch, _draft_extend, EagleDraftInput)
-
     return PlainStep(
         run=run,
         blocker=plain_step_blocker,
-        before_spec=before_spec if lazy is not None else None,
         lazy=lazy,
+        draft_extend=_draft_extend,
+        new_draft_input=_new_draft_input,
     )
+
+
+def _new_draft_input() -> Any:
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    return EagleDraftInput()
