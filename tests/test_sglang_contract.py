@@ -117,3 +117,24 @@ def test_a_patch_that_cannot_apply_stops_instrumentation():
     )
     with pytest.raises(GatePatchError, match="Req.vanished"):
         bad.instrument()  # module already imported: applied (and failing) at once
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"speculative_algorithm": "NGRAM"}, "NGRAM is not handled"),
+        ({"enable_multi_layer_eagle": True}, "--enable-multi-layer-eagle"),
+        ({"speculative_eagle_topk": 4}, "--speculative-eagle-topk 4"),
+    ],
+)
+def test_setups_no_version_handles_are_refused(adapter, flags, message):
+    import types
+
+    args = types.SimpleNamespace(**{"speculative_algorithm": "EAGLE3", **flags})
+    env = {"SGLANG_ENABLE_SPEC_V2": "1"}
+    with pytest.raises(adapters.GateRefused, match=message):
+        adapter.check_server_args(args, environ=env)
+    ok = types.SimpleNamespace(speculative_algorithm="EAGLE3", speculative_eagle_topk=1)
+    assert adapter.check_server_args(ok, environ=env) == (True, "gating EAGLE3")
+    off = types.SimpleNamespace(speculative_algorithm=None)
+    assert adapter.check_server_args(off, environ=env)[0] is False

@@ -194,7 +194,7 @@ class _Active:
     #: the ops thread of this process (eagle_gate.ops.OpsService), if active.
     ops: Any = None
     #: the plain-step function of the active adapter, if it has one.
-    plain_step: Callable[..., Any] | None = None
+    plain_step: PlainStep | None = None
     internal_errors = 0
 
 
@@ -306,7 +306,7 @@ def activate(
     dp_rank: int | None,
     num_draft_tokens: int,
     speculative_algorithm: str | None,
-    plain_step: Callable[..., Any] | None = None,
+    plain_step: PlainStep | None = None,
     config: GateConfig | None = None,
     control_group: Any = None,
 ) -> GateRuntime:
@@ -596,9 +596,11 @@ def check_speculation(
     """Decide what the gate does with this server's speculative settings.
 
     Returns ``(gated, state)``. Raises GateRefused for speculative setups the
-    gate does not handle, because passing them through silently would leave an
-    operator believing the gate is at work. ``extra_refusals`` are
-    ``(server_args attribute, reason)`` pairs refused when truthy.
+    gate does not handle in any SGLang version (other algorithms, multi-layer
+    EAGLE, a draft tree wider than topk 1), because passing them through
+    silently would leave an operator believing the gate is at work.
+    ``extra_refusals`` are a version's own ``(server_args attribute, reason)``
+    pairs, refused when truthy.
     """
     algorithm = getattr(server_args, "speculative_algorithm", None)
     if algorithm is None or str(algorithm).upper() == "NONE":
@@ -610,9 +612,23 @@ def check_speculation(
             "supported: EAGLE, EAGLE3 (or no speculation). Launch without "
             "eagle_gate to use it."
         )
-    for attribute, reason in extra_refusals:
+    refusals = (
+        (
+            "enable_multi_layer_eagle",
+            "--enable-multi-layer-eagle is not handled by eagle_gate",
+        ),
+        *extra_refusals,
+    )
+    for attribute, reason in refusals:
         if getattr(server_args, attribute, None):
             raise GateRefused(reason)
+    topk = getattr(server_args, "speculative_eagle_topk", None)
+    if topk not in (None, 1):
+        raise GateRefused(
+            f"--speculative-eagle-topk {topk} is not handled by eagle_gate: the "
+            "plain step and the spec-v2 path it joins need a chain of drafts; use "
+            "--speculative-eagle-topk 1"
+        )
     return True, f"gating {name}"
 
 
@@ -625,11 +641,9 @@ def flat_plain_tokens(next_token_ids: Any, stride: int) -> tuple[Any, Any]:
     """
     import torch
 
-    bs = int(next_token_ids.shape[0])
-    device = next_token_ids.device
-    flat = torch.zeros(bs * stride, dtype=torch.int32, device=device)
-    flat[::stride] = next_token_ids.to(torch.int32)
-    return flat, torch.ones(bs, dtype=torch.int32, device=device)
+    flat = spread_rows(next_token_ids.to(torch.int32), stride)
+    ones = torch.ones(next_token_ids.shape[0], dtype=torch.int32, device=flat.device)
+    return flat, ones
 
 
 #: the batch fields a plain step rebinds (the versions' union).

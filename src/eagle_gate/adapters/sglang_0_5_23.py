@@ -26,7 +26,6 @@ import sys
 from typing import Any
 
 from eagle_gate.adapters._base import (
-    GateRefused,
     Instrumentor,
     LazyDraftSync,
     PatchTarget,
@@ -103,13 +102,9 @@ def check_server_args(
     server_args: Any, environ: dict | None = None
 ) -> tuple[bool, str]:
     """Refuse speculative setups the gate cannot run on 0.5.23."""
-    gated, state = check_speculation(
+    return check_speculation(
         server_args,
         extra_refusals=[
-            (
-                "enable_multi_layer_eagle",
-                "--enable-multi-layer-eagle is not handled by eagle_gate",
-            ),
             (
                 "speculative_adaptive",
                 "--speculative-adaptive is SGLang's own adaptive speculation and "
@@ -117,14 +112,6 @@ def check_server_args(
             ),
         ],
     )
-    if gated:
-        topk = getattr(server_args, "speculative_eagle_topk", None)
-        if topk not in (None, 1):
-            raise GateRefused(
-                f"--speculative-eagle-topk {topk} is not handled by eagle_gate yet; "
-                "use --speculative-eagle-topk 1"
-            )
-    return gated, state
 
 
 def _parallel() -> Any:

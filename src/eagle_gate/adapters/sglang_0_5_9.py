@@ -112,10 +112,6 @@ def check_server_args(
         server_args,
         extra_refusals=[
             (
-                "enable_multi_layer_eagle",
-                "--enable-multi-layer-eagle is not handled by eagle_gate",
-            ),
-            (
                 "disable_overlap_schedule",
                 "eagle_gate on SGLang 0.5.9 needs the spec-v2 worker, which SGLang "
                 "only uses with overlap scheduling: drop --disable-overlap-schedule",
@@ -123,12 +119,6 @@ def check_server_args(
         ],
     )
     if gated:
-        topk = getattr(server_args, "speculative_eagle_topk", None)
-        if topk not in (None, 1):
-            raise GateRefused(
-                f"--speculative-eagle-topk {topk} is not supported on SGLang 0.5.9's "
-                "spec-v2 path; use --speculative-eagle-topk 1"
-            )
         if env.get(SPEC_V2_ENV, "").lower() not in {"1", "true", "yes", "on"}:
             raise GateRefused(
                 f"{SPEC_V2_ENV}=1 is required on SGLang 0.5.9 (without it SGLang runs "
@@ -189,12 +179,6 @@ def build_plain_result(
         next_draft_input=next_draft_input,
         accept_lens=accept_lens,
     )
-
-
-def stride_of(scheduler_or_worker: Any) -> int:
-    """The stride 0.5.9's resolver uses (fixed: the draft token count)."""
-    worker = getattr(scheduler_or_worker, "draft_worker", scheduler_or_worker)
-    return int(worker.speculative_num_draft_tokens)
 
 
 def serve(server_args: Any) -> None:
