@@ -51,3 +51,20 @@ def set_committed(req, value: int) -> None:
         kv.kv_committed_len = value
     else:
         req.kv_committed_len = value
+
+
+def kv_snapshot(harness):
+    """A copy of every layer's K and V buffer of the harness's target."""
+    pool = harness.target.model_runner.token_to_kv_pool
+    return [k.clone() for k in pool.k_buffer], [v.clone() for v in pool.v_buffer]
+
+
+def changed_slots(before, after) -> set[int]:
+    """KV slots whose K or V differs in any layer between two snapshots."""
+    import torch
+
+    slots = set()
+    for b, a in zip(before[0] + before[1], after[0] + after[1], strict=True):
+        diff = (b != a).reshape(b.shape[0], -1).any(dim=1)
+        slots |= set(torch.nonzero(diff).flatten().tolist())
+    return slots

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import sglang_env
 import torch
+from sglang_env import changed_slots, kv_snapshot
 
 pytestmark = pytest.mark.skipif(
     sglang_env.version() != "0.5.9",
@@ -32,19 +33,6 @@ def adapter():
     from eagle_gate.adapters import sglang_0_5_9
 
     return sglang_0_5_9
-
-
-def kv_snapshot(harness):
-    pool = harness.target.model_runner.token_to_kv_pool
-    return [k.clone() for k in pool.k_buffer], [v.clone() for v in pool.v_buffer]
-
-
-def changed_slots(before, after) -> set[int]:
-    slots = set()
-    for b, a in zip(before[0] + before[1], after[0] + after[1], strict=True):
-        diff = (b != a).reshape(b.shape[0], -1).any(dim=1)
-        slots |= set(torch.nonzero(diff).flatten().tolist())
-    return slots
 
 
 def test_plain_step_writes_one_kv_slot_at_seq_lens_and_returns_flat_result(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import sglang_env
 import torch
+from sglang_env import changed_slots, kv_snapshot
 
 pytestmark = pytest.mark.skipif(
     sglang_env.version() != "0.5.23",
@@ -33,19 +34,6 @@ def adapter():
     from eagle_gate.adapters import sglang_0_5_23
 
     return sglang_0_5_23
-
-
-def kv_snapshot(harness):
-    pool = harness.target.model_runner.token_to_kv_pool
-    return [k.clone() for k in pool.k_buffer], [v.clone() for v in pool.v_buffer]
-
-
-def changed_slots(before, after) -> set[int]:
-    slots = set()
-    for b, a in zip(before[0] + before[1], after[0] + after[1], strict=True):
-        diff = (b != a).reshape(b.shape[0], -1).any(dim=1)
-        slots |= set(torch.nonzero(diff).flatten().tolist())
-    return slots
 
 
 def run_plain(harness, adapter, batch, draft_sync="eager", on_publish=None):
