@@ -604,38 +604,30 @@ def format_table(doc: Mapping[str, Any]) -> str:
         rows.append(row)
     lines += _md_table(header, rows)
 
-    lines += ["", "mean TPOT (ms)", ""]
-    rows = [
-        [str(c)] + [_fmt(val(n, c, "mean_tpot_ms"), ".2f") for n in names]
-        for c in concs
-    ]
-    lines += _md_table(["concurrency", *names], rows)
+    def metric_table(title, key, fmt, only_reported):
+        cols = names
+        if only_reported:
+            cols = [n for n in names if any(val(n, c, key) is not None for c in concs)]
+            if not cols:
+                return []
+        rows = [[str(c)] + [fmt(val(n, c, key)) for n in cols] for c in concs]
+        return ["", title, "", *_md_table(["concurrency", *cols], rows)]
 
-    acc_names = [
-        n for n in names if any(val(n, c, "accept_length") is not None for c in concs)
-    ]
-    if acc_names:
-        lines += ["", "accept length (tokens per SPEC step and request)", ""]
-        rows = [
-            [str(c)] + [_fmt(val(n, c, "accept_length"), ".2f") for n in acc_names]
-            for c in concs
-        ]
-        lines += _md_table(["concurrency", *acc_names], rows)
-
-    gate_names = [
-        n for n in names if any(val(n, c, "spec_share") is not None for c in concs)
-    ]
-    if gate_names:
-        lines += ["", "gate: share of decode steps run as SPEC", ""]
-        rows = [
-            [str(c)]
-            + [
-                "" if (v := val(n, c, "spec_share")) is None else f"{v:.0%}"
-                for n in gate_names
-            ]
-            for c in concs
-        ]
-        lines += _md_table(["concurrency", *gate_names], rows)
+    lines += metric_table(
+        "mean TPOT (ms)", "mean_tpot_ms", lambda v: _fmt(v, ".2f"), False
+    )
+    lines += metric_table(
+        "accept length (tokens per SPEC step and request)",
+        "accept_length",
+        lambda v: _fmt(v, ".2f"),
+        True,
+    )
+    lines += metric_table(
+        "gate: share of decode steps run as SPEC",
+        "spec_share",
+        lambda v: "" if v is None else f"{v:.0%}",
+        True,
+    )
 
     notes = []
     for s in doc.get("servers", []):
