@@ -359,10 +359,15 @@ class GateRuntime:
         if self.agreement is not None:
             self.agreement.hold(mode, step, accept_lens, interval)
             return
-        self._deliver(mode, step, accept_lens, interval)
+        self._deliver(mode, step, accept_lens, interval, tokens)
 
     def _deliver(
-        self, mode: Mode, step: int, accept_lens: Sequence[int], interval: Any
+        self,
+        mode: Mode,
+        step: int,
+        accept_lens: Sequence[int],
+        interval: Any,
+        tokens: int | None = None,
     ) -> None:
         """Hand the policy one outcome (with agreed timings under TP)."""
         if self.degraded is not None:
@@ -370,7 +375,7 @@ class GateRuntime:
         outcome = StepOutcome(
             mode=mode,
             batch_size=len(accept_lens),
-            tokens=sum(accept_lens),
+            tokens=sum(accept_lens) if tokens is None else tokens,
             accept_lens=accept_lens,
             interval_s=interval,
             step=step,
