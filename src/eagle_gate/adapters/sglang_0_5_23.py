@@ -230,7 +230,9 @@ def plain_step(
     ``ScheduleBatch`` field this step changes. Draft state: ``eager`` runs
     SGLang's own ``_draft_extend_for_decode`` over the flat layout; ``none``
     is SGLang's own ``_stub_skipped_draft_extend`` (zero-filled: cold
-    recovery). The target runs eagerly: its decode graphs are verify-shaped.
+    recovery); ``lazy`` stubs likewise and keeps the (new token, hidden) pair
+    for a catch-up before the next SPEC step (``LazyDraftSync``). The target
+    runs eagerly: its decode graphs are verify-shaped.
     """
     import torch
     from sglang.srt.model_executor.forward_batch_info import (

@@ -235,7 +235,9 @@ def plain_step(
       over the flat layout, so the draft's KV at ``seq_lens`` gets (new token,
       target hidden at ``seq_lens``) and the next draft input is exact;
       ``none`` leaves the draft KV stale and zero-fills the next draft input
-      (cold recovery: only acceptance suffers, never the output).
+      (cold recovery: only acceptance suffers, never the output); ``lazy``
+      does what ``none`` does and keeps the (new token, hidden) pair for a
+      catch-up before the next SPEC step (see ``LazyDraftSync``).
     * The target runs eagerly: its CUDA graphs are verify-shaped.
     """
     import torch
