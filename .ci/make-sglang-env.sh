@@ -6,6 +6,7 @@
 # and 0.5.9's scheduler still cannot import without libcuda). Instead we install
 # the CPU torch wheel, SGLang's import-time dependencies, then sglang --no-deps,
 # and a stand-in `sgl_kernel` (ci/sgl_kernel_stub) that SGLang imports on CPU.
+# ci/cpu_spec adds, for tests only, what SGLang's speculative path needs on CPU.
 set -euo pipefail
 version="$1"; venv="$2"
 here="$(cd "$(dirname "$0")/.." && pwd)"
@@ -39,5 +40,8 @@ rm -rf "$site/sgl_kernel"
 cp -r "$here/ci/sgl_kernel_stub/sgl_kernel" "$site/sgl_kernel"
 # torchvision's compiled ops do not load beside CPU torch; see the module doc.
 cp "$here/ci/site/eagle_gate_ci_torchvision.py" "$here/ci/site/eagle_gate_ci_torchvision.pth" "$site/"
+# CPU stand-ins that let SGLang's real EAGLE-3 path serve on CPU; inert unless
+# EAGLE_GATE_CI_SPEC=1 (see ci/cpu_spec/eagle_gate_ci_spec.py).
+cp "$here/ci/cpu_spec/eagle_gate_ci_spec.py" "$here/ci/cpu_spec/eagle_gate_ci_spec.pth" "$site/"
 "$py" -m pip install -q -e "$here[test]"
 "$py" -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)"

@@ -82,19 +82,19 @@ def test_plain_step_failure_runs_the_stock_step_and_degrades_after_k(caplog):
         return ("stock", batch)
 
     rt.decide(1, 1)
-    assert rt.run_plain_step(plain_bad, (None, "b0"), stock, ("b0",), {}) == (
+    assert rt.run_plain_step(plain_bad, (None, "b0"), {}, stock, ("b0",), {}) == (
         ("stock", "b0"),
         Mode.SPEC,
     )
     rt.decide(1, 1)
-    assert rt.run_plain_step(plain_ok, (None, "b1"), stock, ("b1",), {}) == (
+    assert rt.run_plain_step(plain_ok, (None, "b1"), {}, stock, ("b1",), {}) == (
         ("plain", "b1"),
         Mode.PLAIN,
     )
     assert rt.consecutive_plain_failures == 0 and rt.degraded is None
     for i in (2, 3):
         rt.decide(1, 1)
-        rt.run_plain_step(plain_bad, (None, i), stock, (i,), {})
+        rt.run_plain_step(plain_bad, (None, i), {}, stock, (i,), {})
     assert rt.degraded and "2 times in a row" in rt.degraded
     assert rt.plain_step_failures == 3 and calls == ["b0", 2, 3]
     assert rt.overrides[Overrides.PLAIN_STEP_FAILED] == 3
@@ -359,6 +359,7 @@ def test_decision_log_records_and_rate_limit(tmp_path):
         "step": 0,
         "batch_size": 2,
         "seq_len_sum": 40,
+        "seq_lens_exact": True,
         "decided": "plain",
         "ran": "spec",
         "override": "plain_step_unavailable",
@@ -536,6 +537,10 @@ def test_metrics_export_deltas_in_multiprocess_mode(tmp_path):
         'eagle_gate_mode{dp_rank="0",mode="spec"} 1.0',
         'eagle_gate_mode{dp_rank="0",mode="plain"} 0.0',
         'eagle_gate_spec_step_ratio{dp_rank="0"} 0.25',
+        # SPEC steps alone: 5 steps x 4 requests (35 tokens), then 1 x 1 (2)
+        'eagle_gate_decode_request_steps_total{dp_rank="0",mode="spec"} 21.0',
+        'eagle_gate_decode_request_steps_total{dp_rank="0",mode="plain"} 6.0',
+        'eagle_gate_spec_accept_length{dp_rank="0"} 2.0',
         'eagle_gate_policy_estimate{dp_rank="0",name="gain"} 1.25',
         'eagle_gate_dwell_steps_count{dp_rank="0",mode="spec"} 1.0',
         'eagle_gate_dwell_steps_sum{dp_rank="0",mode="spec"} 5.0',

@@ -282,3 +282,124 @@ def test_next_draft_input_round_trips_through_the_real_future_map(harness, adapt
         assert torch.equal(future_map.topk_index_buf[rows], nd.topk_index)
         assert torch.equal(future_map.hidden_states_buf[rows], nd.hidden_states)
         harness.commit(batch, result)
+
+
+# -- the patched worker, called exactly as 0.5.23's scheduler calls it ---------
+@pytest.fixture
+def gated_worker(adapter):
+    """The adapter's real wrapper on the real ``EAGLEWorkerV2`` class, with
+    policy ``never``; yields a function that installs a plain step."""
+    from eagle_gate.adapters._base import ACTIVE
+    from eagle_gate.config import GateConfig
+    from eagle_gate.runtime import GateRuntime
+
+    adapter.INSTRUMENTOR.instrument()
+    adapter.INSTRUMENTOR.require_applied([adapter.WORKER_MODULE])
+    config = GateConfig("never")
+    ACTIVE.runtime = GateRuntime(
+        config,
+        config.create_policy(),
+        sglang_version="0.5.23",
+        adapter=adapter.NAME,
+        num_draft_tokens=4,
+        plain_step_available=True,
+        req_len=adapter.committed_len,
+    )
+
+    def install(draft_sync):
+        ACTIVE.plain_step = adapter.make_plain_step(draft_sync)
+        return ACTIVE.runtime
+
+    yield install
+    ACTIVE.runtime = None
+    ACTIVE.plain_step = None
+    adapter.INSTRUMENTOR.uninstrument()
+
+
+@pytest.mark.parametrize("cpu_lens", [True, False], ids=["cpu-lens", "no-cpu-lens"])
+@pytest.mark.parametrize("draft_sync", ["eager", "lazy", "none"])
+def test_overlap_call_site_publishes_the_plain_steps_new_lengths(
+    harness, adapter, gated_worker, draft_sync, cpu_lens
+):
+    """Scheduler.run_batch (overlap): ``model_worker.forward_batch_generation(
+    batch, on_publish=partial(future_map.publish, future_indices))``. In
+    overlap mode sequence lengths advance only through that publish; before
+    the fix the wrapper dropped the keyword and every plain step decoded at
+    the same position again. With ``cpu_lens=False`` the batch is what
+    FA3/trtllm servers hand the worker: no CPU lengths, no sum."""
+    import functools
+
+    from eagle_gate.adapters._base import ACTIVE
+
+    runtime = gated_worker(draft_sync)
+    errors_before = ACTIVE.internal_errors
+    batch = harness.prefill(PROMPTS)
+    published = []
+
+    def publish(future_indices, new_seq_lens):
+        published.append((future_indices, new_seq_lens.clone()))
+
+    for _ in range(3):
+        harness.prepare_for_decode(batch)
+        seq_lens = batch.seq_lens.clone()
+        if not cpu_lens:
+            batch.seq_lens_cpu = None
+            batch.seq_lens_sum = None
+        indices = torch.arange(len(PROMPTS))
+        with harness.forward_isolation(batch):
+            result = harness.worker.forward_batch_generation(
+                batch, on_publish=functools.partial(publish, indices)
+            )
+        assert result.eagle_gate_mode.name == "PLAIN"
+        assert published[-1][0] is indices
+        assert published[-1][1].tolist() == (seq_lens + 1).tolist()
+        harness.commit(batch, result)
+    assert len(published) == 3
+    assert runtime.policy_errors == 0 and runtime.plain_step_failures == 0
+    assert ACTIVE.internal_errors == errors_before
+
+
+@pytest.mark.parametrize("cpu_lens", [True, False], ids=["cpu-lens", "no-cpu-lens"])
+def test_sync_call_site_and_goodput_without_cpu_lengths(
+    harness, adapter, gated_worker, tiny_model, cpu_lens
+):
+    """The non-overlap call ``model_worker.forward_batch_generation(batch,
+    pp_proxy_tensors=pp_proxy_tensors)``, several steps, outputs equal to
+    transformers' greedy decode; goodput sees an estimate of the lengths
+    (never a policy error) when the batch has no CPU lengths."""
+    from support.plain_harness_0_5_23 import hf_greedy
+
+    from eagle_gate.adapters._base import ACTIVE
+    from eagle_gate.goodput import Goodput
+    from eagle_gate.policy import Mode
+
+    runtime = gated_worker("eager")
+    errors_before = ACTIVE.internal_errors
+    seen = []
+
+    class Plain(Goodput):
+        """goodput reads the lengths (and must not raise); the step is PLAIN."""
+
+        def decide(self, view):
+            seen.append((view.seq_len_sum, view.seq_lens_exact))
+            super().decide(view)
+            return Mode.PLAIN
+
+    runtime.policy = Plain()
+    batch = harness.prefill(PROMPTS)
+    for _ in range(4):
+        harness.prepare_for_decode(batch)
+        if not cpu_lens:
+            batch.seq_lens_cpu = None
+            batch.seq_lens_sum = None
+        with harness.forward_isolation(batch):
+            result = harness.worker.forward_batch_generation(
+                batch, pp_proxy_tensors=None
+            )
+        harness.commit(batch, result)
+    assert runtime.policy_errors == 0 and runtime.steps_by_mode[1] == 4
+    assert all(exact is cpu_lens for _, exact in seen)
+    assert all(isinstance(total, int) and total > 0 for total, _ in seen)
+    for req, prompt in zip(batch.reqs, PROMPTS, strict=True):
+        assert list(req.output_ids) == hf_greedy(tiny_model, prompt, 1 + 4)
+    assert ACTIVE.internal_errors == errors_before

@@ -15,11 +15,14 @@ the record was taken, ``step`` the gate's decode-step number in this process):
   each process's log.
 * ``{"v":1,"kind":"config","t","step","config_version","policy","settings"}``
   -- a runtime change took effect from ``step`` on.
-* ``{"v":1,"kind":"decision","t","step","batch_size","seq_len_sum","decided",
-  "ran","override"}`` -- ``decided``: ``spec`` | ``plain`` | ``error`` (the
-  policy raised or returned garbage) | ``not_asked`` (degraded); ``ran``: the
-  mode the gate chose to run (``spec`` | ``plain``); ``override``: why SPEC ran
-  although the policy said PLAIN, or null.
+* ``{"v":1,"kind":"decision","t","step","batch_size","seq_len_sum",
+  "seq_lens_exact","decided","ran","override"}`` -- ``seq_len_sum`` and
+  ``seq_lens_exact`` as the policy's ``StepView`` had them (null: unknown;
+  ``seq_lens_exact`` false: an estimate, see ``StepView``); ``decided``:
+  ``spec`` | ``plain`` | ``error`` (the policy raised or returned garbage) |
+  ``not_asked`` (degraded); ``ran``: the mode the gate chose to run
+  (``spec`` | ``plain``); ``override``: why SPEC ran although the policy said
+  PLAIN, or null.
 * ``{"v":1,"kind":"outcome","t","step","mode","batch_size","tokens",
   "accept_lens","interval_s"}`` -- the step's resolved result, exactly the
   :class:`eagle_gate.StepOutcome` the policy saw (``mode``: what really ran).
@@ -106,12 +109,14 @@ class DecisionLog:
     def decision(
         self,
         step: int,
-        batch_size: int,
-        seq_len_sum: int,
+        view: Any,
         decided: int,
         ran: int,
         override: str | None,
     ) -> None:
+        """``view``: the step's ``StepView``; its sequence lengths are read
+        only for records the rate limit admits (an estimate costs a pass over
+        the batch's requests)."""
         now = self._clock()
         self._admit(now)
         if self._n_decisions >= self.max_per_s:
@@ -119,7 +124,17 @@ class DecisionLog:
             return
         self._n_decisions += 1
         self._pending.append(
-            ("d", now, step, batch_size, seq_len_sum, decided, ran, override)
+            (
+                "d",
+                now,
+                step,
+                view.batch_size,
+                view.seq_len_sum,
+                view.seq_lens_exact,
+                decided,
+                ran,
+                override,
+            )
         )
 
     def outcome(
@@ -151,13 +166,14 @@ class DecisionLog:
     def _format(self, rec: tuple) -> dict[str, Any]:
         kind = rec[0]
         if kind == "d":
-            _, t, step, bs, sls, decided, ran, override = rec
+            _, t, step, bs, sls, exact, decided, ran, override = rec
             return {
                 "kind": "decision",
                 "t": t,
                 "step": step,
                 "batch_size": bs,
-                "seq_len_sum": int(sls),
+                "seq_len_sum": None if sls is None else int(sls),
+                "seq_lens_exact": bool(exact),
                 "decided": _DECIDED[decided],
                 "ran": _MODE[ran],
                 "override": override,

@@ -42,6 +42,11 @@ prefill ran in between); when the current mode yields no usable interval for
 step after PLAIN seeds a bucket's SPEC estimate (less the resync, once one
 was measured) until a steady sample replaces it.
 
+Sequence lengths: the context bucket uses ``StepView.seq_len_sum``, exact or
+the adapter's estimate (close enough for octave buckets); where it is unknown
+(None) every step counts as the shortest context, so buckets differ by batch
+size only.
+
 Late outcomes: outcomes arrive 1-2 steps after their decision; the bucket a
 decision used is kept in a small ring indexed by step, so ``observe`` attributes
 each outcome to the bucket of its own decision. Outcomes with
@@ -241,13 +246,14 @@ class Goodput:
         # bucket (inlined batch_bucket / context_bucket for speed)
         if b < 4:
             bi = b if b > 0 else 0
-            mc = view.seq_len_sum // b if b > 0 else 0
         else:
             bl = b.bit_length()
             bi = 2 * bl - 2 + ((b >> (bl - 2)) & 1)
             if bi >= _NB:
                 bi = _NB - 1
-            mc = view.seq_len_sum // b
+        # unknown lengths (StepView contract): the shortest context bucket
+        total = view.seq_len_sum
+        mc = total // b if total is not None and b > 0 else 0
         c = ((mc >> 10).bit_length() + 1) >> 1
         if c >= N_CONTEXT_BUCKETS:
             c = N_CONTEXT_BUCKETS - 1

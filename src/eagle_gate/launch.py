@@ -120,8 +120,12 @@ def speculative_flags(argv: Sequence[str]) -> argparse.Namespace:
         "--enable-multi-layer-eagle",
         "--disable-overlap-schedule",
         "--speculative-adaptive",
+        "--enable-dp-attention",
+        "--speculative-use-rejection-sampling",
     ):
         parser.add_argument(flag, action="store_true")
+    parser.add_argument("--attn-dp-size", type=int)
+    parser.add_argument("--pp-size", "--pipeline-parallel-size", type=int)
     flags, _ = parser.parse_known_args(list(argv))
     return flags
 
@@ -167,8 +171,13 @@ def prepare(argv: Sequence[str], environ: dict | None = None):
     if plugins and "eagle_gate" not in [p.strip() for p in plugins.split(",")]:
         logger.info("eagle_gate: adding eagle_gate to SGLANG_PLUGINS=%s", plugins)
         env["SGLANG_PLUGINS"] = plugins + ",eagle_gate"
-    adapter.check_server_args(flags, environ=env)
+    adapter.check_server_args(flags, environ=env, draft_sync=_draft_sync(config))
     return adapter, config, rest
+
+
+def _draft_sync(config: GateConfig) -> str | None:
+    """The draft sync the plain step will use (None: no plain step)."""
+    return config.draft_sync if config.plain_step else None
 
 
 def _fail(message: str) -> int:
@@ -206,7 +215,9 @@ def run(adapter, config: GateConfig, sglang_argv: list[str]) -> int:
 
     server_args = prepare_server_args(sglang_argv)
     try:
-        gated, state = adapter.check_server_args(server_args)
+        gated, state = adapter.check_server_args(
+            server_args, draft_sync=_draft_sync(config)
+        )
     except adapters.GateRefused as exc:
         return _fail(str(exc))
     logger.info(

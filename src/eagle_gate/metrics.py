@@ -52,6 +52,21 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("mode",),
         "Tokens emitted by decode steps, by the mode that produced them",
     ),
+    "eagle_gate_decode_request_steps_total": (
+        "counter",
+        ("mode",),
+        "Requests served by decode steps (batch size summed over steps), by "
+        "mode; tokens{mode=spec} / request_steps{mode=spec} is the accept "
+        "length of SPEC steps alone",
+    ),
+    "eagle_gate_spec_accept_length": (
+        "gauge",
+        (),
+        "Mean tokens per request of the SPEC steps since the previous export "
+        "(about one second), bonus token included; unchanged when none ran. "
+        "SGLang's own acceptance metrics count every plain step as a verify "
+        "with nothing accepted",
+    ),
     "eagle_gate_mode": (
         "gauge",
         ("mode",),
@@ -153,6 +168,11 @@ class GateMetrics:
         self.tokens = [
             m["eagle_gate_decode_tokens_total"].labels(mode, dp) for mode in MODE_NAMES
         ]
+        self.request_steps = [
+            m["eagle_gate_decode_request_steps_total"].labels(mode, dp)
+            for mode in MODE_NAMES
+        ]
+        self.accept_length = m["eagle_gate_spec_accept_length"].labels(dp)
         self.mode = [m["eagle_gate_mode"].labels(mode, dp) for mode in MODE_NAMES]
         self.dwell = [
             m["eagle_gate_dwell_steps"].labels(mode, dp) for mode in MODE_NAMES
@@ -191,9 +211,17 @@ class GateMetrics:
         """Bring the metrics up to the runtime's counters (off the hot path)."""
         steps = list(rt.steps_by_mode)
         before = (self._last.get("steps0", 0), self._last.get("steps1", 0))
+        spec_before = (self._last.get("tokens0", 0), self._last.get("reqsteps0", 0))
         for i in (0, 1):
             self._add(f"steps{i}", self.steps[i], steps[i])
             self._add(f"tokens{i}", self.tokens[i], rt.tokens_by_mode[i])
+            self._add(
+                f"reqsteps{i}", self.request_steps[i], rt.request_steps_by_mode[i]
+            )
+        spec_requests = self._last.get("reqsteps0", 0) - spec_before[1]
+        if spec_requests > 0:
+            spec_tokens = self._last.get("tokens0", 0) - spec_before[0]
+            self.accept_length.set(spec_tokens / spec_requests)
         ran = (steps[0] - before[0], steps[1] - before[1])
         if ran[0] + ran[1] > 0:
             self.ratio.set(ran[0] / (ran[0] + ran[1]))

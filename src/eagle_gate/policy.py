@@ -49,19 +49,42 @@ class StepView:
     """What a policy sees before a decode batch.
 
     One instance per process is reused for every step (no per-step allocation),
-    so a policy must copy what it wants to keep. ``seq_len_max`` is computed on
-    first access only, because most policies never read it.
+    so a policy must copy what it wants to keep.
+
+    Sequence lengths: what a policy can rely on.
+
+    * ``batch_size``, ``step``, ``num_draft_tokens``, ``tp_rank`` and
+      ``tp_size`` are always exact.
+    * ``seq_len_sum`` and ``seq_len_max`` are computed on first access only.
+      Where SGLang keeps the batch's sequence lengths on the CPU (SGLang 0.5.9
+      always; 0.5.23 with attention backends that need them, such as
+      FlashInfer and Triton) they are exact and ``seq_lens_exact`` is True.
+    * SGLang 0.5.23 with overlap scheduling and an attention backend that does
+      not need CPU lengths (FA3, the Hopper default for most models, and
+      trtllm_mha, the Blackwell default) keeps them on the device only;
+      reading them there would be a device synchronisation every step. The
+      adapters then give an estimate from the scheduler's own CPU bookkeeping
+      of each request (its committed KV length), which lags the device by the
+      steps still in flight (at most two steps' tokens per request) and costs
+      one pass over the batch's requests when read; ``seq_lens_exact`` is
+      False. Good enough for context-length buckets, not for exact positions.
+    * Where neither is available (a third-party adapter, or the simulator run
+      with ``cpu_seq_lens=False``) both are None. A policy that reads them must
+      handle None.
     """
 
     __slots__ = (
         "batch_size",
         "step",
-        "seq_len_sum",
         "num_draft_tokens",
         "tp_rank",
         "tp_size",
+        "_seq_len_sum",
         "_seq_len_max",
         "_seq_lens",
+        "_reqs",
+        "_req_len",
+        "_exact",
     )
 
     def __init__(
@@ -69,66 +92,107 @@ class StepView:
         *,
         batch_size: int = 0,
         step: int = 0,
-        seq_len_sum: int = 0,
+        seq_len_sum: int | None = 0,
         seq_len_max: int | None = None,
         num_draft_tokens: int = 1,
         tp_rank: int = 0,
         tp_size: int = 1,
+        req_len: Callable[[Any], int] | None = None,
     ) -> None:
         #: requests in this decode batch.
         self.batch_size = batch_size
         #: decode steps decided before this one in this process (same on all ranks).
         self.step = step
-        #: total tokens in the batch's sequences (prompt + generated so far).
-        self.seq_len_sum = seq_len_sum
         #: tokens one SPEC step verifies per request (draft tokens incl. the bonus).
         self.num_draft_tokens = num_draft_tokens
         #: tensor-parallel rank of this process and the TP size.
         self.tp_rank = tp_rank
         self.tp_size = tp_size
+        self._seq_len_sum = seq_len_sum
         self._seq_len_max = seq_len_max
         self._seq_lens: Any = None
+        self._reqs: Any = None
+        #: the adapter's estimate of one request's length from CPU bookkeeping.
+        self._req_len = req_len
+        self._exact = seq_len_sum is not None
 
     @property
-    def seq_len_max(self) -> int:
-        """Longest sequence in the batch (computed on first access, then cached).
-
-        The adapters hand over the batch's CPU sequence lengths (a CPU tensor or
-        a list) without copying; the maximum is only computed if a policy asks.
-        """
-        if self._seq_len_max is None:
+    def seq_len_sum(self) -> int | None:
+        """Total tokens in the batch's sequences (prompt + generated so far),
+        or None when unknown (see the class doc)."""
+        total = self._seq_len_sum
+        if total is None:
             lens = self._seq_lens
-            if lens is None or len(lens) == 0:
-                self._seq_len_max = 0
-            else:
-                fast_max = getattr(lens, "max", None)
-                self._seq_len_max = int(fast_max() if fast_max else max(lens))
-        return self._seq_len_max
+            if lens is not None:
+                total = int(lens.sum()) if hasattr(lens, "sum") else sum(lens)
+            elif self._reqs is not None and self._req_len is not None:
+                req_len = self._req_len
+                total = sum(req_len(r) for r in self._reqs)
+            self._seq_len_sum = total
+        return total
+
+    @property
+    def seq_len_max(self) -> int | None:
+        """Longest sequence in the batch, or None when unknown (see the class
+        doc). Computed on first access, then cached."""
+        longest = self._seq_len_max
+        if longest is None:
+            lens = self._seq_lens
+            if self.batch_size == 0:
+                longest = 0
+            elif lens is not None:
+                if len(lens) == 0:
+                    longest = 0
+                else:
+                    fast_max = getattr(lens, "max", None)
+                    longest = int(fast_max() if fast_max else max(lens))
+            elif self._reqs is not None and self._req_len is not None:
+                req_len = self._req_len
+                longest = max((req_len(r) for r in self._reqs), default=0)
+            self._seq_len_max = longest
+        return longest
+
+    @property
+    def seq_lens_exact(self) -> bool:
+        """True when ``seq_len_sum`` / ``seq_len_max`` are SGLang's exact CPU
+        lengths of this step; False when they are estimates or unknown."""
+        return self._exact
 
     def update(
         self,
         *,
         batch_size: int,
         step: int,
-        seq_len_sum: int,
+        seq_len_sum: int | None,
         seq_lens: Any = None,
+        reqs: Any = None,
+        exact: bool | None = None,
     ) -> StepView:
         """Refill this view for the next step (used by the adapters).
 
-        ``seq_lens``: the batch's per-request lengths on the CPU (sized and
-        supporting ``max()``), or None when not known.
+        ``seq_len_sum``: SGLang's exact sum, or None when it has none at hand.
+        ``seq_lens``: the batch's per-request lengths on the CPU (sized,
+        supporting ``max()`` and ``sum()``, or a list), or None when SGLang
+        keeps them on the device only. ``reqs``: the batch's requests, for the
+        estimate through ``req_len`` when neither is given. ``exact``
+        overrides ``seq_lens_exact`` (a replayed estimate stays one).
         """
         self.batch_size = batch_size
         self.step = step
-        self.seq_len_sum = seq_len_sum
+        self._seq_len_sum = seq_len_sum
         self._seq_len_max = None
         self._seq_lens = seq_lens
+        self._reqs = reqs
+        if exact is None:
+            exact = seq_len_sum is not None or seq_lens is not None
+        self._exact = exact
         return self
 
     def __repr__(self) -> str:
         return (
             f"StepView(batch_size={self.batch_size}, step={self.step}, "
-            f"seq_len_sum={self.seq_len_sum}, num_draft_tokens={self.num_draft_tokens}"
+            f"seq_len_sum={self.seq_len_sum}, seq_lens_exact={self.seq_lens_exact}, "
+            f"num_draft_tokens={self.num_draft_tokens}"
             f", tp_rank={self.tp_rank}, tp_size={self.tp_size})"
         )
 

@@ -120,6 +120,7 @@ class GateRuntime:
         tick_every: int = 64,
         decide_budget_s: float = 1e-3,
         plain_failures_to_degrade: int = 3,
+        req_len: Callable[[Any], int] | None = None,
     ) -> None:
         if tick_every < 1 or tick_every & (tick_every - 1):
             raise ValueError(f"tick_every must be a power of two, got {tick_every}")
@@ -130,12 +131,21 @@ class GateRuntime:
         self.plain_step_available = plain_step_available
         self._clock = clock
         self._timer = timer
+        #: ``req_len``: the adapter's estimate of a request's length from the
+        #: scheduler's CPU bookkeeping, for steps without CPU sequence lengths.
         self.view = StepView(
-            num_draft_tokens=num_draft_tokens, tp_rank=tp_rank, tp_size=tp_size
+            num_draft_tokens=num_draft_tokens,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            req_len=req_len,
         )
         self.step = 0
         self.steps_by_mode = [0, 0]
         self.tokens_by_mode = [0, 0]
+        #: requests x steps by mode: SPEC tokens / SPEC request-steps is the
+        #: accept length of SPEC steps alone (SGLang's own acceptance counts
+        #: every plain step as a verify that accepted nothing).
+        self.request_steps_by_mode = [0, 0]
         self.decisions_by_mode = [0, 0]
         self.policy_errors = 0
         self.policy_errors_by_reason = dict.fromkeys(PolicyErrors.ALL, 0)
@@ -185,10 +195,16 @@ class GateRuntime:
     def decide(
         self,
         batch_size: int,
-        seq_len_sum: int,
+        seq_len_sum: int | None,
         seq_lens: Any = None,
+        reqs: Any = None,
     ) -> tuple[Mode, int]:
-        """Ask the policy; return the mode to RUN and this step's number."""
+        """Ask the policy; return the mode to RUN and this step's number.
+
+        ``seq_len_sum`` / ``seq_lens``: SGLang's CPU lengths, either of them
+        None when SGLang has none at hand; ``reqs``: the batch's requests, for
+        the view's estimate then (see :class:`~eagle_gate.policy.StepView`).
+        """
         step = self.step
         self.step = step + 1
         if not step & self._tick_mask and self.on_tick is not None:
@@ -197,22 +213,23 @@ class GateRuntime:
         if agreement is not None and agreement.due(step):
             for mode_, step_, lens_, interval_ in agreement.release():
                 self._deliver(mode_, step_, lens_, interval_)
-        if self.degraded is not None:
-            self.count_override(Overrides.DEGRADED)
-            return self._ran(step, batch_size, seq_len_sum, DECIDED_NOT_ASKED, None)
         view = self.view.update(
             batch_size=batch_size,
             step=step,
             seq_len_sum=seq_len_sum,
             seq_lens=seq_lens,
+            reqs=reqs,
         )
+        if self.degraded is not None:
+            self.count_override(Overrides.DEGRADED)
+            return self._ran(step, batch_size, DECIDED_NOT_ASKED, None)
         timer = self._timer
         t0 = timer()
         try:
             mode = self.policy.decide(view)
         except Exception as exc:
             self._policy_error(PolicyErrors.DECIDE_RAISED, f"decide raised {exc!r}")
-            return self._ran(step, batch_size, seq_len_sum, DECIDED_ERROR, None)
+            return self._ran(step, batch_size, DECIDED_ERROR, None)
         elapsed = timer() - t0
         if elapsed > self.decide_budget_s:
             self._slow(elapsed)
@@ -222,12 +239,12 @@ class GateRuntime:
                 PolicyErrors.DECIDE_INVALID,
                 f"decide returned {mode!r}, not an eagle_gate.Mode",
             )
-            return self._ran(step, batch_size, seq_len_sum, DECIDED_ERROR, None)
+            return self._ran(step, batch_size, DECIDED_ERROR, None)
         self.decisions_by_mode[mode] += 1
         if mode is Mode.PLAIN and not self.plain_step_available:
             reason = Overrides.PLAIN_STEP_UNAVAILABLE
             self.count_override(reason)
-            return self._ran(step, batch_size, seq_len_sum, mode, reason)
+            return self._ran(step, batch_size, mode, reason)
         pos = self._ring_pos
         self._ring_step[pos] = step
         self._ring_bs[pos] = batch_size
@@ -236,14 +253,13 @@ class GateRuntime:
         self._ring_pos = (pos + 1) % RING_SIZE
         log = self.decision_log
         if log is not None:
-            log.decision(step, batch_size, seq_len_sum, mode, mode, None)
+            log.decision(step, view, mode, mode, None)
         return mode, step
 
     def _ran(
         self,
         step: int,
         batch_size: int,
-        seq_len_sum: int,
         decided: int,
         override: str | None,
     ) -> tuple[Mode, int]:
@@ -256,7 +272,7 @@ class GateRuntime:
         self._ring_pos = (pos + 1) % RING_SIZE
         log = self.decision_log
         if log is not None:
-            log.decision(step, batch_size, seq_len_sum, decided, Mode.SPEC, override)
+            log.decision(step, self.view, decided, Mode.SPEC, override)
         return Mode.SPEC, step
 
     def note_non_decode_batch(self) -> None:
@@ -268,19 +284,21 @@ class GateRuntime:
         self,
         plain_step: Callable[..., Any],
         plain_args: tuple,
+        plain_kwargs: dict,
         stock_step: Callable[..., Any],
         args: tuple,
         kwargs: dict,
     ) -> tuple[Any, Mode]:
-        """Run ``plain_step(*plain_args)``; if it raises, count it, run
+        """Run ``plain_step(*plain_args, **plain_kwargs)``; if it raises, count it, run
         ``stock_step(*args, **kwargs)`` (SGLang's own step) and return its
         result with ``Mode.SPEC``; else return ``(result, Mode.PLAIN)``. After
         ``plain_failures_to_degrade`` consecutive failures the gate degrades
         for the rest of the run.
 
         The worker wrapper calls it as
-        ``result, mode = runtime.run_plain_step(plain.run, (instance, batch),
-        wrapped, args, kwargs)``.
+        ``result, mode = runtime.run_plain_step(plain.run, (instance, *args),
+        kwargs, wrapped, args, kwargs)``: the plain step gets every argument
+        the stock step would have got, keywords included.
 
         Caveat under tensor parallelism: a failure that happens on some ranks
         only, after a collective, cannot be repaired here (the ranks' steps
@@ -289,7 +307,7 @@ class GateRuntime:
         rank falls back and degrades at the same step.
         """
         try:
-            result = plain_step(*plain_args)
+            result = plain_step(*plain_args, **plain_kwargs)
         except Exception as exc:
             self._plain_step_failed(exc)
             return stock_step(*args, **kwargs), Mode.SPEC
@@ -344,6 +362,7 @@ class GateRuntime:
         tokens = sum(accept_lens)
         self.steps_by_mode[mode] += 1
         self.tokens_by_mode[mode] += tokens
+        self.request_steps_by_mode[mode] += len(accept_lens)
         if mode is self.current_mode:
             self._dwell_len += 1
         else:
@@ -470,6 +489,12 @@ class GateRuntime:
             )
 
     # -- reporting -----------------------------------------------------------
+    def spec_accept_length(self) -> float | None:
+        """Mean tokens per request of SPEC steps (bonus token included), or
+        None before the first one: acceptance without the plain steps."""
+        n = self.request_steps_by_mode[0]
+        return self.tokens_by_mode[0] / n if n else None
+
     def last_decisions(self) -> list[dict[str, Any]]:
         """The ring of the last decisions, oldest first."""
         out = []
@@ -513,6 +538,11 @@ class GateRuntime:
                 "spec": self.tokens_by_mode[0],
                 "plain": self.tokens_by_mode[1],
             },
+            "request_steps": {
+                "spec": self.request_steps_by_mode[0],
+                "plain": self.request_steps_by_mode[1],
+            },
+            "spec_accept_length": self.spec_accept_length(),
             "decisions": {
                 "spec": self.decisions_by_mode[0],
                 "plain": self.decisions_by_mode[1],

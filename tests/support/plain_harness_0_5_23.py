@@ -214,6 +214,8 @@ class Harness:
                 dtype="float32",
                 mem_fraction_static=0.05,
                 max_total_tokens=4096,
+                # tests never free their requests: room for all of them
+                max_running_requests=256,
                 attention_backend="torch_native",
                 sampling_backend="pytorch",
                 random_seed=0,

@@ -229,8 +229,14 @@ def make_worker_wrapper(batch_param: str) -> Callable:
         if not decode:
             return wrapped(*args, **kwargs)
         try:
+            # 0.5.23 may leave seq_lens_cpu / seq_lens_sum None (backends
+            # without CPU lengths, after filter/merge): the view then sums
+            # seq_lens_cpu or estimates from reqs, only if a policy reads it.
             mode, step = runtime.decide(
-                batch.seq_lens.shape[0], batch.seq_lens_sum, batch.seq_lens_cpu
+                batch.seq_lens.shape[0],
+                batch.seq_lens_sum,
+                batch.seq_lens_cpu,
+                getattr(batch, "reqs", None),
             )
             plain = ACTIVE.plain_step
             if mode is Mode.PLAIN and plain is not None:
@@ -244,8 +250,10 @@ def make_worker_wrapper(batch_param: str) -> Callable:
         if mode is Mode.PLAIN and plain is not None:
             # A failing plain step runs SGLang's stock step instead (counted;
             # repeated failures degrade the gate to stock for the rest of the run).
+            # Everything SGLang passed goes on, keywords included: 0.5.23's
+            # scheduler hands ``on_publish=`` (overlap scheduling) by keyword.
             result, mode = runtime.run_plain_step(
-                plain.run, (instance, *args), wrapped, args, kwargs
+                plain.run, (instance, *args), kwargs, wrapped, args, kwargs
             )
         else:
             mode = Mode.SPEC
@@ -309,6 +317,7 @@ def activate(
     plain_step: PlainStep | None = None,
     config: GateConfig | None = None,
     control_group: Any = None,
+    req_len: Callable[[Any], int] | None = None,
 ) -> GateRuntime:
     """Create this process's gate, log it once, write its status record and
     start its ops thread (status, metrics, decision log, runtime control).
@@ -334,6 +343,7 @@ def activate(
         tick_every=settings.tick_every,
         decide_budget_s=settings.decide_budget_s,
         plain_failures_to_degrade=settings.plain_failures_to_degrade,
+        req_len=req_len,
     )
     if ACTIVE.ops is not None:
         ACTIVE.ops.stop()
@@ -491,7 +501,10 @@ def activate_scheduler(
     :func:`activate` with the adapter's plain step. ``worker_hint`` says why
     SGLang might have built another worker than EAGLEWorkerV2."""
     server_args = scheduler.server_args
-    gated, state = adapter.check_server_args(server_args)
+    config = config or config_from_environment()
+    gated, state = adapter.check_server_args(
+        server_args, draft_sync=config.draft_sync if config.plain_step else None
+    )
     if gated:
         from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
@@ -502,11 +515,13 @@ def activate_scheduler(
                 f"{worker_hint}"
             )
         adapter.INSTRUMENTOR.require_applied()
+        check_scheduler = getattr(adapter, "check_scheduler", None)
+        if check_scheduler is not None:
+            check_scheduler(scheduler, config)
     else:
         adapter.INSTRUMENTOR.require_applied(
             [adapter.SCHEDULER_MODULE, adapter.RESOLVER_MODULE]
         )
-    config = config or config_from_environment()
     if gated and config.plain_step and config.draft_sync == "lazy":
         check_lazy_buffer(scheduler, server_args, config)
     return activate(
@@ -526,6 +541,7 @@ def activate_scheduler(
         ),
         config=config,
         control_group=getattr(scheduler, "attn_tp_cpu_group", None),
+        req_len=adapter.committed_len,
     )
 
 
@@ -590,17 +606,45 @@ def common_plain_blocker(batch: Any) -> str | None:
     return None
 
 
+#: why data-parallel attention is refused (both versions).
+DP_ATTENTION_REFUSAL = (
+    "data-parallel attention (--enable-dp-attention / --attn-dp-size > 1) is not "
+    "handled by eagle_gate: DP ranks exchange token counts every step for their "
+    "MLP sync, and a PLAIN step's count (batch size) differs from a SPEC or idle "
+    "rank's (batch size x draft tokens), so ranks would hang in a collective or "
+    "mix activations. Launch without data-parallel attention, or without "
+    "eagle_gate"
+)
+#: why pipeline parallelism is refused (both versions).
+PP_REFUSAL = (
+    "pipeline parallelism (--pp-size > 1) is not handled by eagle_gate: SGLang "
+    "pre-builds each round's verify input on the earlier stages, so the gate "
+    "could only ever run SPEC there; it refuses rather than sit idle while "
+    "looking active. Launch without eagle_gate for pipeline-parallel serving"
+)
+
+
 def check_speculation(
-    server_args: Any, *, extra_refusals: Sequence[tuple[str, str]] = ()
+    server_args: Any,
+    *,
+    extra_refusals: Sequence[tuple[str, str]] = (),
+    attn_dp_size: int = 1,
+    pp_size: int = 1,
+    rejection_sampling: bool = False,
+    draft_sync: str | None = None,
 ) -> tuple[bool, str]:
     """Decide what the gate does with this server's speculative settings.
 
     Returns ``(gated, state)``. Raises GateRefused for speculative setups the
     gate does not handle in any SGLang version (other algorithms, multi-layer
-    EAGLE, a draft tree wider than topk 1), because passing them through
-    silently would leave an operator believing the gate is at work.
-    ``extra_refusals`` are a version's own ``(server_args attribute, reason)``
-    pairs, refused when truthy.
+    EAGLE, a draft tree wider than topk 1, data-parallel attention, pipeline
+    parallelism, rejection sampling without eager draft sync), because passing
+    them through silently would leave an operator believing the gate is at
+    work, or would break the server. ``extra_refusals`` are a version's own
+    ``(server_args attribute, reason)`` pairs, refused when truthy; the
+    version also says what it resolved for ``attn_dp_size``, ``pp_size`` and
+    ``rejection_sampling``. ``draft_sync``: the gate's setting (None: not
+    known here, checked later).
     """
     algorithm = getattr(server_args, "speculative_algorithm", None)
     if algorithm is None or str(algorithm).upper() == "NONE":
@@ -622,6 +666,19 @@ def check_speculation(
     for attribute, reason in refusals:
         if getattr(server_args, attribute, None):
             raise GateRefused(reason)
+    if getattr(server_args, "enable_dp_attention", False) or (attn_dp_size or 1) > 1:
+        raise GateRefused(DP_ATTENTION_REFUSAL)
+    if (pp_size or 1) > 1:
+        raise GateRefused(PP_REFUSAL)
+    if rejection_sampling and draft_sync not in (None, "eager"):
+        raise GateRefused(
+            f"--gate-draft-sync {draft_sync} with rejection sampling "
+            "(--speculative-use-rejection-sampling, SGLang's default for EAGLE on "
+            "ROCm) is refused: a plain step that skips the draft leaves the draft "
+            "distribution (draft_probs) stale, and the next verify would accept "
+            "tokens against a q that did not propose them, biasing the output. "
+            "Use --gate-draft-sync eager (the default), which keeps it exact"
+        )
     topk = getattr(server_args, "speculative_eagle_topk", None)
     if topk not in (None, 1):
         raise GateRefused(

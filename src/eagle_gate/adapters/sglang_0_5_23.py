@@ -26,6 +26,7 @@ import sys
 from typing import Any
 
 from eagle_gate.adapters._base import (
+    GateRefused,
     Instrumentor,
     LazyDraftSync,
     PatchTarget,
@@ -99,9 +100,14 @@ def _uninstrument() -> None:
 
 
 def check_server_args(
-    server_args: Any, environ: dict | None = None
+    server_args: Any, environ: dict | None = None, *, draft_sync: str | None = None
 ) -> tuple[bool, str]:
-    """Refuse speculative setups the gate cannot run on 0.5.23."""
+    """Refuse speculative setups the gate cannot run on 0.5.23.
+
+    0.5.23 resolves some settings after parsing (``--enable-dp-attention``
+    becomes ``attn_dp_size``; rejection sampling is switched on by default for
+    EAGLE on ROCm): the resolved values are read where SGLang keeps them.
+    """
     return check_speculation(
         server_args,
         extra_refusals=[
@@ -111,7 +117,51 @@ def check_server_args(
                 "would fight eagle_gate over the same decision; use one of them",
             ),
         ],
+        attn_dp_size=_resolved(server_args, "attn_dp_size") or 1,
+        pp_size=_resolved(server_args, "pp_size") or 1,
+        rejection_sampling=bool(
+            _resolved(server_args, "speculative_use_rejection_sampling")
+        ),
+        draft_sync=draft_sync,
     )
+
+
+def _resolved(server_args: Any, name: str) -> Any:
+    """A setting as SGLang resolved it: 0.5.23's resolution records some
+    values as declarations over the parsed fields (``resolving_view`` reads
+    them); a pre-parsed flag namespace has only the raw attribute."""
+    try:
+        from sglang.srt.arg_groups.model_override_base import resolving_view
+
+        return getattr(resolving_view(server_args), name)
+    except Exception:
+        return getattr(server_args, name, None)
+
+
+def check_scheduler(scheduler: Any, config: Any) -> None:
+    """Refusals that need the built scheduler: lazy draft sync keeps its
+    bookkeeping from SGLang's CPU sequence lengths, which 0.5.23 does not keep
+    when no attention backend needs them (FA3, trtllm_mha)."""
+    future_map = getattr(scheduler, "future_map", None)
+    if (
+        config.plain_step
+        and config.draft_sync == "lazy"
+        and getattr(future_map, "needs_cpu_seq_lens", True) is False
+    ):
+        backend = type(scheduler.tp_worker.model_runner.attn_backend).__name__
+        raise GateRefused(
+            "--gate-draft-sync lazy needs SGLang's CPU sequence lengths, and this "
+            f"server's attention backends ({backend}) run without them (SGLang "
+            "skips that copy for FA3 and trtllm_mha); use --gate-draft-sync eager "
+            "(the default) or none"
+        )
+
+
+def committed_len(req: Any) -> int:
+    """A request's committed KV length from the scheduler's CPU bookkeeping:
+    the sequence-length estimate when the batch has no CPU lengths (it lags
+    the device by the verifies still in flight)."""
+    return req.kv.kv_committed_len
 
 
 def _parallel() -> Any:
@@ -240,6 +290,10 @@ def plain_step(
         ForwardMode,
     )
     from sglang.srt.speculative.eagle_info import EagleDraftInput
+    from sglang.srt.speculative.spec_utils import (
+        record_stream_each,
+        record_stream_for_v2_verify,
+    )
 
     draft_input = batch.spec_info
     stride = int(worker.speculative_num_draft_tokens)
@@ -249,12 +303,24 @@ def plain_step(
         batch.seq_lens_cpu,
         batch.seq_lens_sum,
     )
+    if draft_sync == "lazy" and seq_lens_cpu is None:
+        # lazy's bookkeeping reads CPU lengths; without them (a backend that
+        # skips the copy) this step keeps the draft exact the eager way.
+        draft_sync = "eager"
     req_to_token = worker.req_to_token_pool.req_to_token
     target = worker.target_worker
+
+    # The scheduler's batch tensors were allocated on its schedule stream and
+    # this step drops their only references mid-forward (as verify does):
+    # tell the caching allocator they are in use on the forward stream, with
+    # SGLang's own helpers (no-ops for CPU tensors).
+    fwd_stream = torch.get_device_module(worker.device).current_stream()
+    record_stream_for_v2_verify(batch, None, fwd_stream)
 
     # 1. target decode of the bonus token at position seq_lens
     batch.input_ids = draft_input.bonus_tokens.to(torch.int64)
     batch.out_cache_loc = kv_slots(req_to_token, batch.req_pool_indices, seq_lens, 1)
+    record_stream_each((batch.input_ids, batch.out_cache_loc), fwd_stream)
     batch.seq_lens = seq_lens + 1
     batch.seq_lens_cpu = seq_lens_cpu + 1 if seq_lens_cpu is not None else None
     batch.seq_lens_sum = seq_lens_sum + bs if seq_lens_sum is not None else None
@@ -315,7 +381,19 @@ def make_plain_step(draft_sync: str) -> PlainStep:
         LazyDraftSync(lambda req: req.kv.req_pool_idx) if draft_sync == "lazy" else None
     )
 
-    def run(worker: Any, batch: Any, on_publish: Any = None, *_: Any, **__: Any):
+    def run(
+        worker: Any,
+        batch: Any,
+        on_publish: Any = None,
+        grammar_barrier: Any = None,
+        pp_proxy_tensors: Any = None,
+    ) -> Any:
+        # The stock step's parameters, as the scheduler passes them (on_publish
+        # and grammar_barrier by keyword). grammar_barrier resolves grammar
+        # state for verify; batches with grammars never take the plain step.
+        # pp_proxy_tensors: pipeline parallelism is refused at launch.
+        if pp_proxy_tensors is not None:
+            raise RuntimeError("the plain step does not run pipeline-parallel")
         return plain_step(worker, batch, on_publish, draft_sync, lazy)
 
     return PlainStep(

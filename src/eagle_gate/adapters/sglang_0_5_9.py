@@ -102,7 +102,7 @@ def _uninstrument() -> None:
 
 
 def check_server_args(
-    server_args: Any, environ: dict | None = None
+    server_args: Any, environ: dict | None = None, *, draft_sync: str | None = None
 ) -> tuple[bool, str]:
     """Refuse speculative setups the gate cannot run on 0.5.9 (see module doc)."""
     import os
@@ -117,6 +117,8 @@ def check_server_args(
                 "only uses with overlap scheduling: drop --disable-overlap-schedule",
             ),
         ],
+        pp_size=getattr(server_args, "pp_size", 1) or 1,
+        draft_sync=draft_sync,
     )
     if gated:
         if env.get(SPEC_V2_ENV, "").lower() not in {"1", "true", "yes", "on"}:
@@ -125,6 +127,12 @@ def check_server_args(
                 "the v1 EAGLE worker); python -m eagle_gate.launch sets it for you"
             )
     return gated, state
+
+
+def committed_len(req: Any) -> int:
+    """A request's committed KV length (CPU bookkeeping). 0.5.9 always hands
+    the worker CPU sequence lengths, so this estimate is never needed there."""
+    return req.kv_committed_len
 
 
 def activate_in_scheduler(scheduler: Any, config=None):
@@ -255,8 +263,18 @@ def plain_step(
         batch.seq_lens_cpu,
         batch.seq_lens_sum,
     )
+    if draft_sync == "lazy" and seq_lens_cpu is None:
+        draft_sync = "eager"  # lazy's bookkeeping reads CPU lengths
     req_to_token = worker.req_to_token_pool.req_to_token
     target = worker.target_worker
+
+    # As verify does: seq_lens was allocated on the schedule stream (after
+    # filter/merge) and is read on the forward stream after the target
+    # forward (new lengths, KV slots, draft extend), so the caching allocator
+    # must not recycle it before this stream is done.
+    keep_on_stream(
+        seq_lens, torch.get_device_module(worker.device).current_stream()
+    )
 
     # 1. target decode of the verified token at position seq_lens
     batch.input_ids = draft_input.verified_id.to(torch.int64)
@@ -307,6 +325,14 @@ def plain_step(
             lazy.record(worker, batch, tokens, logits.hidden_states)
     logits.hidden_states = None  # consumed; spares the scheduler a D2H copy
     return result
+
+
+def keep_on_stream(tensor: Any, stream: Any) -> None:
+    """``tensor.record_stream(stream)``, exactly as 0.5.9's verify calls it,
+    for device tensors (a CPU tensor has no caching allocator to tell, and
+    torch refuses the call for it)."""
+    if tensor.device.type != "cpu":
+        tensor.record_stream(stream)
 
 
 def _draft_extend(worker: Any, batch: Any, result: Any) -> None:

@@ -60,6 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--out", default="eagle_gate_sim_out", help="output directory for tables/plots"
     )
     ap.add_argument("--quick", action="store_true", help="shorter runs")
+    ap.add_argument(
+        "--no-cpu-seq-lens",
+        action="store_true",
+        help="policies see no sequence lengths (StepView.seq_len_sum is None), "
+        "the strictest case; on SGLang 0.5.23 with FA3/trtllm attention the "
+        "adapters pass an estimate instead",
+    )
     args = ap.parse_args(argv)
 
     profiles = [get_profile(n) for n in (args.profile or [])]
@@ -77,7 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     plot_note = False
     for prof in profiles:
-        rep = run_profile(prof, workloads, quick=args.quick)
+        rep = run_profile(
+            prof, workloads, quick=args.quick, cpu_seq_lens=not args.no_cpu_seq_lens
+        )
         texts = [format_table(rep, wl) for wl in workloads]
         for text in texts:
             print(text)

@@ -111,6 +111,9 @@ class _LazySeqLens:
     def max(self) -> int:
         return self._sim._seq_len_max()
 
+    def sum(self) -> int:
+        return self._sim._kv
+
 
 class Simulator:
     """Serve one scenario on one profile with one policy (see module doc)."""
@@ -121,10 +124,14 @@ class Simulator:
         scenario: Scenario,
         *,
         record: bool = False,
+        cpu_seq_lens: bool = True,
     ) -> None:
         self.profile = profile
         self.scenario = scenario
         self.record = record
+        #: False: policies see no sequence lengths (``StepView.seq_len_sum``
+        #: and ``seq_len_max`` are None), the strictest case of the contract.
+        self.cpu_seq_lens = cpu_seq_lens
         #: when ``record``: ("decide", step) / ("observe", step) events, and
         #: per-request (target, emitted) pairs for the accounting checks.
         self.events: list[tuple[str, int]] = []
@@ -314,6 +321,7 @@ class Simulator:
 
         view = StepView(num_draft_tokens=prof.num_draft_tokens)
         lazy_lens = _LazySeqLens(self)
+        lengths = self.cpu_seq_lens
         pending: StepOutcome | None = None
         prev_decode = False  # was the previous resolution a decode step
         step = 0
@@ -409,8 +417,8 @@ class Simulator:
             view.update(
                 batch_size=b,
                 step=step,
-                seq_len_sum=self._kv,
-                seq_lens=lazy_lens,
+                seq_len_sum=self._kv if lengths else None,
+                seq_lens=lazy_lens if lengths else None,
             )
             if rec is not None:
                 rec.append(("decide", step))

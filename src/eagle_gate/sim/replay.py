@@ -63,6 +63,10 @@ def read_log(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                 raise ValueError(f"{path}:{number}: not a JSON record: {exc}") from None
 
 
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def replay(records: Iterable[dict[str, Any]], policy: Policy) -> ReplayResult:
     """Feed the logged views and outcomes to ``policy``, in log order."""
     result = ReplayResult()
@@ -78,7 +82,8 @@ def replay(records: Iterable[dict[str, Any]], policy: Policy) -> ReplayResult:
             view.update(
                 batch_size=int(record["batch_size"]),
                 step=int(record["step"]),
-                seq_len_sum=int(record["seq_len_sum"]),
+                seq_len_sum=_int_or_none(record.get("seq_len_sum")),
+                exact=bool(record.get("seq_lens_exact", True)),
             )
             try:
                 mode = policy.decide(view)

@@ -67,12 +67,13 @@ def _run_all(
     profile: Profile,
     rows: Sequence[tuple[str, Scenario]],
     factories: dict[str, Callable[[], Any]],
+    cpu_seq_lens: bool = True,
 ) -> list[tuple[str, dict[str, SimResult]]]:
     out = []
     for label, scen in rows:
         res = {}
         for name, make in factories.items():
-            r = Simulator(profile, scen).run(make())
+            r = Simulator(profile, scen, cpu_seq_lens=cpu_seq_lens).run(make())
             r.policy = name
             res[name] = r
         out.append((label, res))
@@ -100,8 +101,12 @@ def tune_threshold_for(profile: Profile, quick: bool = True) -> tuple[int, int]:
 
 
 def run_profile(
-    profile: Profile, workloads: Sequence[str], quick: bool = False
+    profile: Profile,
+    workloads: Sequence[str],
+    quick: bool = False,
+    cpu_seq_lens: bool = True,
 ) -> ProfileReport:
+    """``cpu_seq_lens=False``: the policies see no sequence lengths."""
     tuned = tune_threshold_for(profile, quick=quick)
     rep = ProfileReport(profile=profile, tuned=tuned)
     fac = policy_factories(tuned)
@@ -116,7 +121,7 @@ def run_profile(
             rows = [("open-ramp", open_ramp_scenario(profile, quick))]
         else:
             raise ValueError(f"unknown workload {wl!r}")
-        rep.results[wl] = _run_all(profile, rows, fac)
+        rep.results[wl] = _run_all(profile, rows, fac, cpu_seq_lens)
     return rep
 
 
