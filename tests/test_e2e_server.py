@@ -166,6 +166,36 @@ def test_unhandled_speculative_algorithm_is_refused_at_launch(tiny_model):
     assert "NGRAM is not handled by eagle_gate" in out.stderr + out.stdout
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--enable-dp-attention", "--dp-size", "2"], "data-parallel attention"),
+        (["--pp-size", "2"], "pipeline parallelism"),
+        pytest.param(
+            ["--speculative-use-rejection-sampling", "--gate-draft-sync", "lazy"],
+            "draft_probs",
+            marks=pytest.mark.skipif(
+                sglang_env.version() != "0.5.23",
+                reason="rejection sampling is an SGLang 0.5.23 setting",
+            ),
+        ),
+    ],
+)
+def test_layouts_the_gate_cannot_serve_are_refused_before_the_model_loads(
+    tmp_path, flags, message
+):
+    missing_model = tmp_path / "no-model-here"
+    out, _ = run_launch(
+        GATE_LAUNCH
+        + ["--model-path", str(missing_model), "--speculative-algorithm", "EAGLE3"]
+        + ["--speculative-eagle-topk", "1"]
+        + flags
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert message in out.stderr
+    assert "no-model-here" not in out.stderr  # SGLang never looked at the model
+
+
 @pytest.mark.skipif(
     sglang_env.version() != "0.5.23", reason="0.5.9 has no plugin loading"
 )

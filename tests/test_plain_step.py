@@ -341,3 +341,82 @@ def test_lazy_buffer_is_reported_at_start_and_bounded(harness, adapter):
         check_lazy_buffer(
             big_rows, types.SimpleNamespace(speculative_algorithm="EAGLE3"), tiny
         )
+
+
+def test_plain_step_keeps_seq_lens_alive_on_the_forward_stream(
+    harness, adapter, mocker
+):
+    """0.5.9's verify calls ``batch.seq_lens.record_stream(current stream)``:
+    after filter/merge the tensor was allocated on the schedule stream, and
+    it is read on the forward stream after the target forward. The plain step
+    reads it there too (new lengths, KV slots, draft extend), so it must do
+    the same, before the forward. (A CPU tensor has no caching allocator, so
+    here the call is observed, not its effect.)"""
+    batch = harness.prefill(PROMPTS[:2])
+    harness.prepare_for_decode(batch)
+    mwb = batch.get_model_worker_batch()
+    seq_lens = mwb.seq_lens
+    forward = mocker.spy(harness.target.model_runner, "forward")
+    forwards_before_keep = []
+    keep = mocker.patch.object(
+        adapter,
+        "keep_on_stream",
+        side_effect=lambda t, s: forwards_before_keep.append(forward.call_count),
+    )
+    adapter.plain_step(harness.worker, mwb, draft_sync="none")
+    (call,) = keep.call_args_list
+    assert call.args[0] is seq_lens
+    assert call.args[1] is torch.get_device_module("cpu").current_stream()
+    assert forwards_before_keep == [0] and forward.call_count == 1
+
+
+@pytest.mark.parametrize("draft_sync", ["eager", "lazy", "none"])
+def test_the_patched_worker_called_as_the_scheduler_calls_it(
+    harness, adapter, tiny_model, draft_sync
+):
+    """0.5.9's overlap scheduler calls
+    ``self.model_worker.forward_batch_generation(model_worker_batch)``: here
+    the class method carries the adapter's real wrapper, policy ``never``
+    decides, and the plain step runs through it step after step (SPEC steps
+    in between through the stand-in verify), emitting transformers' tokens."""
+    from support.plain_harness import hf_greedy, spec_step_stand_in
+
+    from eagle_gate.adapters._base import ACTIVE
+    from eagle_gate.config import GateConfig
+    from eagle_gate.runtime import GateRuntime
+
+    adapter.INSTRUMENTOR.instrument()
+    adapter.INSTRUMENTOR.require_applied([adapter.WORKER_MODULE])
+    config = GateConfig("never", draft_sync=draft_sync)
+    ACTIVE.runtime = GateRuntime(
+        config,
+        config.create_policy(),
+        sglang_version="0.5.9",
+        adapter=adapter.NAME,
+        num_draft_tokens=4,
+        plain_step_available=True,
+        req_len=adapter.committed_len,
+    )
+    ACTIVE.plain_step = adapter.make_plain_step(draft_sync)
+    errors_before = ACTIVE.internal_errors
+    try:
+        batch = harness.prefill(PROMPTS)
+        for mode in ["plain", "plain", "spec", "plain"]:
+            harness.prepare_for_decode(batch)
+            mwb = batch.get_model_worker_batch()
+            if mode == "spec":
+                result = spec_step_stand_in(harness, mwb, 2)
+            else:
+                result = harness.worker.forward_batch_generation(mwb)
+                assert result.eagle_gate_mode.name == "PLAIN"
+            harness.commit(batch, result)
+        assert ACTIVE.runtime.steps_by_mode[1] == 3
+        assert ACTIVE.runtime.plain_step_failures == 0
+        assert ACTIVE.internal_errors == errors_before
+    finally:
+        ACTIVE.runtime = None
+        ACTIVE.plain_step = None
+        adapter.INSTRUMENTOR.uninstrument()
+    n = 1 + 3 + 2
+    for req, prompt in zip(batch.reqs, PROMPTS, strict=True):
+        assert req.output_ids == hf_greedy(tiny_model, prompt, n)

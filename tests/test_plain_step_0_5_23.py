@@ -403,3 +403,38 @@ def test_sync_call_site_and_goodput_without_cpu_lengths(
     for req, prompt in zip(batch.reqs, PROMPTS, strict=True):
         assert list(req.output_ids) == hf_greedy(tiny_model, prompt, 1 + 4)
     assert ACTIVE.internal_errors == errors_before
+
+
+def test_plain_step_records_the_batch_tensors_on_the_forward_stream(
+    harness, adapter, mocker
+):
+    """0.5.23's verify runs ``record_stream_for_v2_verify(batch, ...)`` and
+    ``record_stream_each((batch.input_ids, batch.out_cache_loc), ...)``: the
+    scheduler's tensors came from its schedule stream and the worker drops
+    their only references mid-forward. The plain step uses the same helpers,
+    on the batch it was handed and on the tensors it binds."""
+    from sglang.srt.speculative import spec_utils
+
+    batch = harness.prefill(PROMPTS[:2])
+    harness.prepare_for_decode(batch)
+    seq_lens, input_ids = batch.seq_lens, batch.spec_info.bonus_tokens
+    seen = []
+    real_handed = spec_utils.record_stream_for_v2_verify
+    real_each = spec_utils.record_stream_each
+
+    def handed(b, verify_input, stream):
+        seen.append(("batch", b is batch, b.seq_lens is seq_lens, verify_input))
+        return real_handed(b, verify_input, stream)
+
+    def each(tensors, stream):  # also called by record_stream_for_v2_verify
+        tensors = list(tensors)
+        seen.append(("each", [None if t is None else t.tolist() for t in tensors]))
+        return real_each(tensors, stream)
+
+    mocker.patch.object(spec_utils, "record_stream_for_v2_verify", handed)
+    mocker.patch.object(spec_utils, "record_stream_each", each)
+    run_plain(harness, adapter, batch, "none")
+    table = harness.req_to_token_pool.req_to_token
+    slots = table[batch.req_pool_indices, seq_lens].tolist()
+    assert seen[0] == ("batch", True, True, None)
+    assert seen[-1] == ("each", [input_ids.tolist(), slots])

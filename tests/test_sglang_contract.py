@@ -138,3 +138,57 @@ def test_setups_no_version_handles_are_refused(adapter, flags, message):
     assert adapter.check_server_args(ok, environ=env) == (True, "gating EAGLE3")
     off = types.SimpleNamespace(speculative_algorithm=None)
     assert adapter.check_server_args(off, environ=env)[0] is False
+
+
+#: 0.5.23 concepts: ``--attn-dp-size`` and rejection sampling do not exist in
+#: 0.5.9, whose adapter does not read them.
+ON_0_5_23_ONLY = pytest.mark.skipif(
+    sglang_env.version() != "0.5.23", reason="an SGLang 0.5.23 setting"
+)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"enable_dp_attention": True}, "data-parallel attention"),
+        pytest.param(
+            {"attn_dp_size": 2},
+            "data-parallel attention",
+            marks=ON_0_5_23_ONLY,
+        ),
+        ({"pp_size": 2}, "pipeline parallelism"),
+    ],
+)
+def test_parallel_layouts_the_gate_cannot_coordinate_are_refused(
+    adapter, flags, message
+):
+    """DP attention: a PLAIN rank would report ``bs`` tokens to the MLP sync
+    while SPEC and idle ranks report ``bs * num_draft_tokens`` (a hang or
+    mixed activations). PP: the earlier stages pre-build the verify input,
+    so the gate could only run SPEC; refused rather than idle."""
+    import types
+
+    args = types.SimpleNamespace(
+        speculative_algorithm="EAGLE3", speculative_eagle_topk=1, **flags
+    )
+    with pytest.raises(adapters.GateRefused, match=message):
+        adapter.check_server_args(args, environ={"SGLANG_ENABLE_SPEC_V2": "1"})
+
+
+@ON_0_5_23_ONLY
+@pytest.mark.parametrize("draft_sync", ["lazy", "none"])
+def test_rejection_sampling_needs_eager_draft_sync(adapter, draft_sync):
+    """With rejection sampling the next verify reads the draft distribution
+    of the proposal; ``lazy`` and ``none`` leave it stale after a plain step.
+    Refused with a message; ``eager`` (SGLang's own draft extend) is exact."""
+    import types
+
+    args = types.SimpleNamespace(
+        speculative_algorithm="EAGLE3",
+        speculative_eagle_topk=1,
+        speculative_use_rejection_sampling=True,
+    )
+    env = {"SGLANG_ENABLE_SPEC_V2": "1"}
+    with pytest.raises(adapters.GateRefused, match="draft_probs"):
+        adapter.check_server_args(args, environ=env, draft_sync=draft_sync)
+    assert adapter.check_server_args(args, environ=env, draft_sync="eager")[0]

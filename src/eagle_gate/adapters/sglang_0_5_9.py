@@ -272,9 +272,7 @@ def plain_step(
     # filter/merge) and is read on the forward stream after the target
     # forward (new lengths, KV slots, draft extend), so the caching allocator
     # must not recycle it before this stream is done.
-    keep_on_stream(
-        seq_lens, torch.get_device_module(worker.device).current_stream()
-    )
+    keep_on_stream(seq_lens, torch.get_device_module(worker.device).current_stream())
 
     # 1. target decode of the verified token at position seq_lens
     batch.input_ids = draft_input.verified_id.to(torch.int64)
