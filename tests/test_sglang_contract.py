@@ -192,3 +192,28 @@ def test_rejection_sampling_needs_eager_draft_sync(adapter, draft_sync):
     with pytest.raises(adapters.GateRefused, match="draft_probs"):
         adapter.check_server_args(args, environ=env, draft_sync=draft_sync)
     assert adapter.check_server_args(args, environ=env, draft_sync="eager")[0]
+
+
+@ON_0_5_23_ONLY
+def test_lazy_sync_is_refused_where_sglang_keeps_no_cpu_lengths(adapter):
+    """0.5.23 skips the CPU copy of the sequence lengths when no attention
+    backend needs it (FA3, trtllm_mha); lazy sync keeps its bookkeeping from
+    those lengths, so the scheduler refuses it at start, naming the backend."""
+    import types
+
+    from eagle_gate.config import GateConfig
+
+    class FlashAttentionBackend:
+        needs_cpu_seq_lens = False
+
+    scheduler = types.SimpleNamespace(
+        future_map=types.SimpleNamespace(needs_cpu_seq_lens=False),
+        tp_worker=types.SimpleNamespace(
+            model_runner=types.SimpleNamespace(attn_backend=FlashAttentionBackend())
+        ),
+    )
+    with pytest.raises(adapters.GateRefused, match="FlashAttentionBackend"):
+        adapter.check_scheduler(scheduler, GateConfig("never", draft_sync="lazy"))
+    adapter.check_scheduler(scheduler, GateConfig("never", draft_sync="eager"))
+    scheduler.future_map.needs_cpu_seq_lens = True
+    adapter.check_scheduler(scheduler, GateConfig("never", draft_sync="lazy"))
