@@ -30,8 +30,8 @@ done
 
 first=${versions%% *}
 echo "== lint (ruff)"
-".venv-$first/bin/ruff" check src tests examples
-".venv-$first/bin/ruff" format --check src tests examples
+".venv-$first/bin/ruff" check src tests examples ci
+".venv-$first/bin/ruff" format --check src tests examples ci
 
 status=0
 for v in $versions; do

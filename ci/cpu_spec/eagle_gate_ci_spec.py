@@ -1,0 +1,702 @@
+"""CI only: let SGLang's real EAGLE-3 speculative path serve on a CPU-only host.
+
+Loaded in every Python process of a CI environment by ``eagle_gate_ci_spec.pth``
+and inert unless ``EAGLE_GATE_CI_SPEC=1``. It is never part of the installed
+``eagle_gate`` package. When on, it reads the installed SGLang version (package
+metadata; SGLang is not imported here) and installs, lazily through post-import
+hooks so every spawned SGLang process gets them too:
+
+* stand-ins for GPU kernels and GPU-only calls that SGLang's CPU code path
+  reaches: torch versions of the ``sgl_kernel`` CPU ops (the CPU build of
+  sgl_kernel is not on PyPI), and CPU paths where a kernel dispatcher has no
+  CPU branch;
+* one logic fix for 0.5.23 (the verify tree-mask layout, see
+  ``_cpu_tree_mask_mode``), because SGLang's CPU default is the layout of
+  another attention backend than the one this CI serves with.
+
+Stand-ins replace kernels only, never SGLang logic a GPU would run too; each
+says what it replaces and why it is exact. Test-only switches, off by default:
+
+* ``EAGLE_GATE_CI_FORCE_OVERLAP=1`` (0.5.23): keep the overlap scheduler on
+  for speculation on CPU (SGLang turns it off there by itself).
+* ``EAGLE_GATE_CI_NO_CPU_SEQLENS=1`` (0.5.23): the FutureMap does not publish
+  host sequence lengths, as with the FA3 / trtllm_mha backends on GPU.
+
+Every stand-in counts its calls per process (``calls()``); with
+``EAGLE_GATE_CI_SPEC_LOG=1`` the first call of each, and every patch applied,
+is logged to stderr as ``[eagle_gate_ci_spec] pid N ...`` so a test can show
+from a server log that the real speculative path ran.
+
+Environment the speculative path needs besides this module: ``TRITON_INTERPRET=1``
+(SGLang's own ``@triton.jit`` kernels then run interpreted on CPU tensors),
+``SGLANG_USE_CPU_ENGINE=1``, and the Triton attention backend.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ENABLED = os.environ.get("EAGLE_GATE_CI_SPEC") == "1"
+LOG = os.environ.get("EAGLE_GATE_CI_SPEC_LOG") == "1"
+FORCE_OVERLAP = os.environ.get("EAGLE_GATE_CI_FORCE_OVERLAP") == "1"
+NO_CPU_SEQLENS = os.environ.get("EAGLE_GATE_CI_NO_CPU_SEQLENS") == "1"
+
+STUB_MARK = "eagle-gate-cpu-stub"  # in the stand-in sgl_kernel's __version__
+PREFIX = "[eagle_gate_ci_spec]"
+
+_CALLS: dict[str, int] = {}
+_INSTALLED: list[str] = []  # what install() set up in this process
+
+
+def calls() -> dict[str, int]:
+    """Calls of each stand-in in this process so far."""
+    return dict(_CALLS)
+
+
+def installed() -> list[str]:
+    """Names of the stand-ins and patches installed in this process."""
+    return list(_INSTALLED)
+
+
+def _log(msg: str) -> None:
+    if LOG:
+        print(f"{PREFIX} pid {os.getpid()} {msg}", file=sys.stderr, flush=True)
+
+
+def _count(name: str) -> None:
+    n = _CALLS.get(name, 0) + 1
+    _CALLS[name] = n
+    if n == 1:
+        _log(f"first call: {name}")
+
+
+# --------------------------------------------------------------------------
+# Exact torch versions of integer kernels (index copies and topk-1 trees).
+# Only these functions import torch, and only when called.
+# --------------------------------------------------------------------------
+
+FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2  # SGLang's TreeMaskMode
+
+
+def assign_req_to_token_pool_cpu(
+    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
+):
+    """Stand-in for sgl_kernel's CPU op ``assign_req_to_token_pool_cpu``.
+
+    Replaces the GPU kernel ``mem_cache.allocation.assign_req_to_token_pool``
+    (0.5.23): for request i, ``req_to_token[req_pool_indices[i], start:end]``
+    takes the next ``end - start`` slots of ``out_cache_loc``, requests packed
+    back to back. A pure index copy, so exact.
+    """
+    _count("assign_req_to_token_pool_cpu")
+    off = 0
+    for r, s, e in zip(
+        req_pool_indices.tolist(),
+        start_offset.tolist(),
+        end_offset.tolist(),
+        strict=True,
+    ):
+        n = e - s
+        if n > 0:
+            req_to_token[r, s:e] = out_cache_loc[off : off + n].to(req_to_token.dtype)
+        off += n  # the kernel's offset is the plain sum of earlier lengths
+
+
+def assign_extend_cache_locs_cpu(
+    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
+):
+    """Stand-in for sgl_kernel's CPU op ``assign_extend_cache_locs_cpu``.
+
+    Replaces the GPU kernel ``assign_extend_cache_locs``: the reverse copy of
+    ``assign_req_to_token_pool_cpu``, gathering ``req_to_token[r, start:end]``
+    of each request into ``out_cache_loc``, packed back to back. Exact.
+    """
+    _count("assign_extend_cache_locs_cpu")
+    _gather_token_slots(
+        req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc
+    )
+
+
+def _gather_token_slots(req_pool_indices, req_to_token, start, end, out):
+    off = 0
+    for r, s, e in zip(
+        req_pool_indices.tolist(), start.tolist(), end.tolist(), strict=True
+    ):
+        n = e - s
+        if n > 0:
+            out[off : off + n] = req_to_token[r, s:e].to(out.dtype)
+        off += n  # the kernel's offset is the plain sum of earlier lengths
+
+
+def assign_draft_cache_locs_contiguous_cpu(
+    req_pool_indices, req_to_token, seq_lens, out_cache_loc, pool_len, topk, num_cols
+):
+    """Stand-in for sgl_kernel's CPU op ``assign_draft_cache_locs_contiguous_cpu``.
+
+    Replaces the GPU kernel ``assign_draft_cache_locs_contiguous`` (without
+    positions, which SGLang asserts on CPU): request i's ``topk * num_cols``
+    slots from ``req_to_token[r, seq_lens[i]:]`` go to
+    ``out_cache_loc[i * topk * num_cols:]``. Exact.
+    """
+    _count("assign_draft_cache_locs_contiguous_cpu")
+    n = topk * num_cols
+    for i, (r, s) in enumerate(
+        zip(req_pool_indices.tolist(), seq_lens.tolist(), strict=True)
+    ):
+        out_cache_loc[i * n : (i + 1) * n] = req_to_token[r, s : s + n].to(
+            out_cache_loc.dtype
+        )
+
+
+def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_stride):
+    """Stand-in for sgl_kernel's CPU op ``fill_bonus_tokens_cpu``.
+
+    Replaces the GPU kernel ``fill_bonus_tokens``: request i's bonus token is
+    the last accepted one, ``accept_tokens.flat[i * accept_stride +
+    accept_lens[i] - 1]``. A gather, exact (the kernel reads the buffer by
+    address, so a contiguous tensor is required, as SGLang passes).
+    """
+    import torch
+
+    _count("fill_bonus_tokens_cpu")
+    if not accept_tokens.is_contiguous():
+        raise ValueError("fill_bonus_tokens_cpu needs contiguous accept_tokens")
+    bs = accept_lens.shape[0]
+    flat = accept_tokens.reshape(-1)
+    idx = torch.arange(bs, device=flat.device) * accept_stride
+    idx = idx + accept_lens.to(torch.int64) - 1
+    bonus_tokens[:bs] = flat[idx].to(bonus_tokens.dtype)
+
+
+def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_loc):
+    """Stand-in for sgl_kernel's CPU op ``fill_accept_out_cache_loc_cpu``.
+
+    Replaces the GPU kernel ``fill_accept_out_cache_loc`` (reached for topk > 1
+    only): the cache slots of the accepted draft positions, in order,
+    skipping the ``-1`` entries of ``accept_index``. Exact (stable compaction).
+    """
+    _count("fill_accept_out_cache_loc_cpu")
+    ai = accept_index.reshape(-1)
+    src = ai[ai > -1].to(out_cache_loc.device).long()
+    accept_out_cache_loc[: src.numel()] = out_cache_loc[src].to(
+        accept_out_cache_loc.dtype
+    )
+
+
+def build_tree_topk1(
+    parent_list,
+    selected_index,
+    verified_seq_len,
+    tree_mask,
+    positions,
+    retrive_index,
+    retrive_next_token,
+    retrive_next_sibling,
+    topk,
+    depth,
+    draft_token_num,
+    tree_mask_mode,
+):
+    """Exact torch version of ``build_tree_kernel_efficient`` for topk 1.
+
+    Replaces sgl_kernel's GPU op (SGLang 0.5.9 binds it on CUDA/HIP only). With
+    topk 1 the draft is a chain: SGLang forces ``draft_token_num = depth + 1``,
+    ``selected_index`` is ``0 .. n-2`` and ``parent_list`` is ``-1, 0, 1 ..``.
+    Per request b with verified length ``s`` and ``n = draft_token_num`` it
+    writes what the kernel writes, and nothing else:
+
+    * ``positions[b*n + x] = s + x`` (token x sits at depth x);
+    * ``retrive_index[b, x] = b*n + x``; ``retrive_next_token[b, x] = x + 1``
+      for x < n-1 (the last stays -1); ``retrive_next_sibling`` untouched
+      (no token of a chain has a sibling);
+    * the tree mask: row x lets draft token x see tree tokens 0..x (a lower
+      triangle). FULL_MASK: row x of request b starts at
+      ``n*n*b + n*sum(seq_lens[:b]) + (s + n)*x``; its first ``s`` cells (the
+      prefix) are left as the caller filled them, the next n are the triangle.
+      QLEN_ONLY: row x starts at ``n*n*b + n*x`` and holds the n cells.
+
+    Anything other than a topk-1 chain raises NotImplementedError.
+    """
+    import torch
+
+    _count("build_tree_kernel_efficient(topk1)")
+    if topk != 1:
+        raise NotImplementedError(
+            f"CPU tree build stand-in handles topk 1 chains only, got topk={topk}"
+        )
+    mode = int(tree_mask_mode)
+    if mode not in (FULL_MASK, QLEN_ONLY):
+        raise NotImplementedError(f"CPU tree build: tree mask mode {mode}")
+    n = int(draft_token_num)
+    bs = verified_seq_len.numel()
+    if n - 1 > depth:
+        raise NotImplementedError(f"topk-1 chain of {n} tokens deeper than {depth}")
+    chain = torch.arange(n - 1, device=selected_index.device)
+    if bs and not bool((selected_index[:, : n - 1] == chain).all()):
+        raise NotImplementedError("CPU tree build: selected tokens are not a chain")
+    if bs == 0:
+        return
+    dev = verified_seq_len.device
+    seq = verified_seq_len.to(torch.int64)
+    steps = torch.arange(n, device=dev)
+    positions[: bs * n] = (seq[:, None] + steps).reshape(-1).to(positions.dtype)
+    rows = torch.arange(bs, device=dev)[:, None] * n
+    retrive_index[:bs, :n] = (rows + steps).to(retrive_index.dtype)
+    retrive_next_token[:bs, : n - 1] = steps[1:].to(retrive_next_token.dtype)
+    tri = torch.tril(torch.ones(n, n, dtype=torch.bool, device=tree_mask.device))
+    tri = tri.to(tree_mask.dtype)
+    if mode == QLEN_ONLY:
+        tree_mask[: bs * n * n] = tri.reshape(-1).repeat(bs)
+        return
+    prefix = 0
+    for b, s in enumerate(seq.tolist()):
+        start = n * n * b + n * prefix
+        block = tree_mask[start : start + n * (s + n)].view(n, s + n)
+        block[:, s:] = tri
+        prefix += s
+
+
+def verify_tree_greedy_topk1(
+    predicts,
+    accept_index,
+    accept_token_num,
+    candidates,
+    retrive_index,
+    retrive_next_token,
+    retrive_next_sibling,
+    target_predict,
+):
+    """Exact torch version of ``verify_tree_greedy`` for a topk-1 chain.
+
+    Replaces sgl_kernel's GPU op (SGLang 0.5.9 calls it on CUDA/HIP only and
+    does nothing on CPU). The kernel walks the tree from the root: at each
+    level it compares the next draft token with the target's argmax after the
+    last accepted token and stops at the first mismatch. On a chain of
+    ``n = candidates.shape[1]`` tokens, with ``r = retrive_index[b]`` and
+    ``t = target_predict.flatten()``, request b accepts the longest prefix
+    with ``candidates[b, j] == t[r[j-1]]`` (j = 1 .. min(n, m) - 1, where
+    ``m = accept_index.shape[1]``); if that is ``a`` tokens long it writes
+    ``accept_token_num[b] = a``, ``accept_index[b, :a+1] = r[:a+1]`` and
+    ``predicts[r[i]] = t[r[i]]`` for i <= a (the accepted tokens, then the
+    bonus token), leaving every other cell as the caller filled it.
+
+    A tree with siblings (topk > 1) raises NotImplementedError.
+    """
+    import torch
+
+    _count("verify_tree_greedy(topk1)")
+    bs, n = candidates.shape
+    if bs == 0:
+        return
+    if bool((retrive_next_sibling[:bs, :n] != -1).any()):
+        raise NotImplementedError("CPU greedy verify handles topk 1 chains only")
+    steps = torch.arange(n, device=candidates.device)
+    if not bool((retrive_next_token[:bs, : n - 1] == steps[1:]).all()):
+        raise NotImplementedError("CPU greedy verify: draft tokens are not a chain")
+    levels = min(n, accept_index.shape[1]) - 1
+    flat_target = target_predict.reshape(-1)
+    ridx = retrive_index[:bs, : levels + 1].to(torch.int64)
+    match = candidates[:, 1 : levels + 1] == flat_target[ridx[:, :levels]]
+    accepted = match.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    keep = steps[None, : levels + 1] <= accepted[:, None]
+    accept_index[:, : levels + 1] = torch.where(
+        keep, ridx.to(accept_index.dtype), accept_index[:, : levels + 1]
+    )
+    done = ridx[keep]
+    predicts[done] = flat_target[done].to(predicts.dtype)
+    accept_token_num[:bs] = accepted.to(accept_token_num.dtype)
+
+
+# --------------------------------------------------------------------------
+# SGLang 0.5.23
+# --------------------------------------------------------------------------
+
+
+def build_tree_kernel_efficient_cpu(
+    parent_list,
+    top_scores_index,
+    seq_lens,
+    tree_mask,
+    positions,
+    retrieve_index,
+    retrieve_next_token,
+    retrieve_next_sibling,
+    topk,
+    spec_steps,
+    num_verify_tokens,
+    tree_mask_mode,
+):
+    """Stand-in for sgl_kernel's CPU op ``build_tree_kernel_efficient_cpu``.
+
+    Delegates to SGLang's own Triton kernel of the same op
+    (``spec_tree.sgl_build_tree_kernel_triton``, its XPU path), run by the
+    Triton interpreter on CPU tensors: the same integer algorithm the GPU runs,
+    any topk.
+    """
+    from sglang.kernels.ops.speculative.spec_tree import (
+        TreeMaskMode,
+        sgl_build_tree_kernel_triton,
+    )
+
+    _count("build_tree_kernel_efficient_cpu")
+    sgl_build_tree_kernel_triton(
+        parent_list,
+        top_scores_index,
+        seq_lens,
+        tree_mask,
+        positions,
+        retrieve_index,
+        retrieve_next_token,
+        retrieve_next_sibling,
+        topk,
+        spec_steps,
+        num_verify_tokens,
+        TreeMaskMode(int(tree_mask_mode)),
+    )
+
+
+def verify_tree_greedy_cpu(
+    predicts,
+    accept_index,
+    accept_token_num,
+    candidates,
+    retrive_index,
+    retrive_next_token,
+    retrive_next_sibling,
+    target_predict,
+):
+    """Stand-in for sgl_kernel's CPU op ``verify_tree_greedy_cpu``.
+
+    Delegates to SGLang's own Triton kernel ``spec_tree.verify_tree_greedy_triton``
+    (its XPU path), interpreted on CPU tensors: exact, any topk.
+    """
+    from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_triton
+
+    _count("verify_tree_greedy_cpu")
+    verify_tree_greedy_triton(
+        predicts,
+        accept_index,
+        accept_token_num,
+        candidates,
+        retrive_index,
+        retrive_next_token,
+        retrive_next_sibling,
+        target_predict,
+    )
+
+
+SGL_KERNEL_OPS_0_5_23 = {
+    f.__name__: f
+    for f in (
+        assign_req_to_token_pool_cpu,
+        assign_extend_cache_locs_cpu,
+        assign_draft_cache_locs_contiguous_cpu,
+        fill_bonus_tokens_cpu,
+        fill_accept_out_cache_loc_cpu,
+        build_tree_kernel_efficient_cpu,
+        verify_tree_greedy_cpu,
+    )
+}
+
+
+def _cpu_tree_mask_mode(original):
+    def default_tree_mask_mode():
+        """Logic fix (CPU only): the verify tree mask in FULL_MASK layout.
+
+        SGLang 0.5.23 picks QLEN_ONLY on CPU, the layout its intel_amx verify
+        kernel reads. This CI serves with the Triton attention backend, whose
+        TARGET_VERIFY reads FULL_MASK, as on GPU (with QLEN_ONLY, topk 2
+        diverged from the baseline at token 2). GPUs take FULL_MASK already.
+        """
+        from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
+
+        _count("default_tree_mask_mode(FULL_MASK)")
+        return TreeMaskMode.FULL_MASK
+
+    default_tree_mask_mode.__wrapped__ = original
+    return default_tree_mask_mode
+
+
+def _patch_eagle_utils_0_5_23(mod):
+    if not mod._is_cpu:
+        return
+    fixed = _cpu_tree_mask_mode(mod.default_tree_mask_mode)
+    mod.default_tree_mask_mode = fixed
+    # verify_mask binds the name at import; it imports eagle_utils first, so it
+    # normally gets the fixed one already. Rebind in case it was loaded before.
+    vm = sys.modules.get("sglang.srt.layers.attention.verify_mask")
+    if vm is not None:
+        vm.default_tree_mask_mode = fixed
+    _applied("eagle_utils.default_tree_mask_mode -> FULL_MASK")
+
+
+def _patch_verify_mask_0_5_23(mod):
+    eu = sys.modules.get("sglang.srt.speculative.eagle_utils")
+    if eu is not None and eu._is_cpu:
+        mod.default_tree_mask_mode = eu.default_tree_mask_mode
+
+
+def _patch_speculative_hook(mod):
+    def _disable_overlap_schedule_for_cpu(server_args):
+        """Test switch EAGLE_GATE_CI_FORCE_OVERLAP: keep overlap on for spec on CPU.
+
+        Replaces SGLang's CPU-only resolution that turns the overlap scheduler
+        off for speculation on CPU; on GPU it returns early and does nothing,
+        which is what this does everywhere.
+        """
+        _count("_disable_overlap_schedule_for_cpu(skipped)")
+
+    mod._disable_overlap_schedule_for_cpu = _disable_overlap_schedule_for_cpu
+    _applied("speculative_hook._disable_overlap_schedule_for_cpu -> no-op")
+
+
+def _no_cpu_seq_lens(attn_backends):
+    """Test switch EAGLE_GATE_CI_NO_CPU_SEQLENS: no host seq lens in the FutureMap.
+
+    Replaces ``decide_needs_cpu_seq_lens`` so the scheduler behaves as it does
+    with backends that declare ``needs_cpu_seq_lens = False`` (FA3, trtllm_mha
+    on GPU): the FutureMap does not publish seq_lens_cpu.
+    """
+    _count("decide_needs_cpu_seq_lens(False)")
+    return False
+
+
+def _patch_overlap_utils(mod):
+    mod.decide_needs_cpu_seq_lens = _no_cpu_seq_lens
+    _applied("overlap_utils.decide_needs_cpu_seq_lens -> False")
+
+
+def _patch_scheduler(mod):
+    # scheduler.py binds the name at import and calls it in init_overlap().
+    mod.decide_needs_cpu_seq_lens = _no_cpu_seq_lens
+    _applied("scheduler.decide_needs_cpu_seq_lens -> False")
+
+
+def _hooks_0_5_23() -> dict:
+    hooks = {
+        "sgl_kernel": lambda mod: _set_sgl_kernel_ops(mod, SGL_KERNEL_OPS_0_5_23),
+        "sglang.srt.speculative.eagle_utils": _patch_eagle_utils_0_5_23,
+        "sglang.srt.layers.attention.verify_mask": _patch_verify_mask_0_5_23,
+    }
+    if FORCE_OVERLAP:
+        hooks["sglang.srt.arg_groups.speculative_hook"] = _patch_speculative_hook
+    if NO_CPU_SEQLENS:
+        hooks["sglang.srt.managers.overlap_utils"] = _patch_overlap_utils
+        hooks["sglang.srt.managers.scheduler"] = _patch_scheduler
+    return hooks
+
+
+# --------------------------------------------------------------------------
+# SGLang 0.5.9
+# --------------------------------------------------------------------------
+
+
+def _is_host_only(mod) -> bool:
+    """True where an SGLang module took none of its accelerator branches."""
+    return not any(
+        getattr(mod, flag, False) for flag in ("_is_cuda", "_is_hip", "_is_npu")
+    )
+
+
+def _patch_torch_0_5_9(torch):
+    if not torch.cuda.is_available():
+        original_sync = torch.cuda.synchronize
+
+        def synchronize(device=None):
+            """CPU-only fix: ``torch.cuda.synchronize`` without CUDA is a no-op.
+
+            0.5.9's ``LlamaForCausalLM.set_embed`` (the draft shares the
+            target's embedding) calls it unconditionally; with no CUDA device
+            there is no queued GPU work to wait for.
+            """
+            _count("torch.cuda.synchronize(no CUDA)")
+
+        synchronize.__wrapped__ = original_sync
+        torch.cuda.synchronize = synchronize
+        _applied("torch.cuda.synchronize -> no-op (no CUDA)")
+
+    original_record = torch.Tensor.record_stream
+
+    def record_stream(self, stream):
+        """CPU-only fix: ``Tensor.record_stream`` on a CPU tensor is a no-op.
+
+        0.5.9's ``FutureMap.resolve_future`` tells the CUDA caching allocator
+        that the forward stream uses a tensor; CPU tensors reject the call
+        ("unknown parameter type"), and their memory is not recycled by stream,
+        so there is nothing to record. Other tensors go to torch as before.
+        """
+        if self.device.type == "cpu":
+            _count("Tensor.record_stream(cpu no-op)")
+            return None
+        return original_record(self, stream)
+
+    record_stream.__wrapped__ = original_record
+    torch.Tensor.record_stream = record_stream
+    _applied("Tensor.record_stream -> no-op for CPU tensors")
+
+
+def _patch_eagle_utils_0_5_9(mod):
+    if not _is_host_only(mod):
+        return
+    # build_tree_kernel_efficient calls this name, bound on CUDA/HIP only.
+    mod.sgl_build_tree_kernel_efficient = build_tree_topk1
+    original = mod.verify_tree_greedy_func
+
+    def verify_tree_greedy_func(
+        predicts,
+        accept_index,
+        accept_token_num,
+        candidates,
+        retrive_index,
+        retrive_next_token,
+        retrive_next_sibling,
+        target_predict,
+        topk=-1,
+    ):
+        """CPU path of 0.5.9's greedy-verify dispatcher.
+
+        On CUDA/HIP it only calls sgl_kernel's ``verify_tree_greedy`` and returns
+        the three mutated tensors; on CPU it called nothing. This calls the
+        exact torch kernel ``verify_tree_greedy_topk1`` instead.
+        """
+        if topk > 1:
+            raise NotImplementedError(f"CPU greedy verify: topk={topk}")
+        verify_tree_greedy_topk1(
+            predicts,
+            accept_index,
+            accept_token_num,
+            candidates,
+            retrive_index,
+            retrive_next_token,
+            retrive_next_sibling,
+            target_predict,
+        )
+        return predicts, accept_index, accept_token_num
+
+    verify_tree_greedy_func.__wrapped__ = original
+    mod.verify_tree_greedy_func = verify_tree_greedy_func
+    # eagle_info / eagle_info_v2 bind the name at import (after this hook ran,
+    # since they import eagle_utils); rebind any already loaded.
+    for name in _EAGLE_UTILS_USERS:
+        user = sys.modules.get(name)
+        if user is not None:
+            user.verify_tree_greedy_func = verify_tree_greedy_func
+    _applied("eagle_utils tree build / greedy verify -> torch topk-1")
+
+
+_EAGLE_UTILS_USERS = (
+    "sglang.srt.speculative.eagle_info",
+    "sglang.srt.speculative.eagle_info_v2",
+)
+
+
+def _rebind_verify_0_5_9(mod):
+    eu = sys.modules.get("sglang.srt.speculative.eagle_utils")
+    fixed = getattr(eu, "verify_tree_greedy_func", None)
+    if fixed is not None and hasattr(fixed, "__wrapped__"):
+        mod.verify_tree_greedy_func = fixed
+
+
+def _patch_eagle_info_v2_0_5_9(mod):
+    _rebind_verify_0_5_9(mod)
+    if not _is_host_only(mod):
+        return
+    original = mod.assign_extend_cache_locs_func
+
+    def assign_extend_cache_locs_func(
+        req_pool_indices,
+        req_to_token,
+        start_offset,
+        end_offset,
+        batch_size,
+        draft_token_num,
+        device,
+    ):
+        """CPU path of 0.5.9's ``assign_extend_cache_locs_func``.
+
+        On CUDA/HIP it allocates ``batch_size * draft_token_num`` int64 slots
+        and runs the Triton kernel ``assign_extend_cache_locs`` (gather each
+        request's ``req_to_token[r, start:end]``, packed); on CPU it returned
+        None and the verify then wrote KV at ``k_cache[None]``. This does the
+        same gather in torch (exact).
+        """
+        import torch
+
+        _count("assign_extend_cache_locs_func(cpu)")
+        out = torch.empty(
+            (batch_size * draft_token_num,), dtype=torch.int64, device=device
+        )
+        _gather_token_slots(
+            req_pool_indices, req_to_token, start_offset, end_offset, out
+        )
+        return out
+
+    assign_extend_cache_locs_func.__wrapped__ = original
+    mod.assign_extend_cache_locs_func = assign_extend_cache_locs_func
+    _applied("eagle_info_v2.assign_extend_cache_locs_func -> torch on CPU")
+
+
+def _hooks_0_5_9() -> dict:
+    return {
+        "torch": _patch_torch_0_5_9,
+        "sglang.srt.speculative.eagle_utils": _patch_eagle_utils_0_5_9,
+        "sglang.srt.speculative.eagle_info": _rebind_verify_0_5_9,
+        "sglang.srt.speculative.eagle_info_v2": _patch_eagle_info_v2_0_5_9,
+    }
+
+
+# --------------------------------------------------------------------------
+# Installation
+# --------------------------------------------------------------------------
+
+
+def _set_sgl_kernel_ops(mod, ops: dict) -> None:
+    if STUB_MARK not in str(getattr(mod, "__version__", "")):
+        _log(f"sgl_kernel {getattr(mod, '__version__', '?')} is real: left alone")
+        return
+    for name, fn in ops.items():
+        setattr(mod, name, fn)
+    _applied(f"sgl_kernel stand-in ops: {', '.join(sorted(ops))}")
+
+
+def _applied(what: str) -> None:
+    _INSTALLED.append(what)
+    _log(f"patched {what}")
+
+
+HOOKS_BY_VERSION = {"0.5.9": _hooks_0_5_9, "0.5.23": _hooks_0_5_23}
+
+
+def sglang_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def install() -> bool:
+    """Register the post-import hooks for the installed SGLang; True if any."""
+    version = sglang_version()
+    make_hooks = HOOKS_BY_VERSION.get(version or "")
+    if make_hooks is None:
+        print(
+            f"{PREFIX} EAGLE_GATE_CI_SPEC=1 but SGLang {version} has no CPU "
+            f"speculative shims (known: {', '.join(HOOKS_BY_VERSION)})",
+            file=sys.stderr,
+        )
+        return False
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        _log("TRITON_INTERPRET is not 1: SGLang's Triton kernels need it on CPU")
+    import wrapt
+
+    for module_name, hook in make_hooks().items():
+        wrapt.register_post_import_hook(hook, module_name)
+    _log(f"installed for SGLang {version}")
+    return True
+
+
+if ENABLED:
+    install()
