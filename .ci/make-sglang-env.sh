@@ -28,7 +28,10 @@ case "$version" in
   0.5.23)
     extra=("uvicorn>=0.51" apache-tvm-ffi==0.1.11 transformers==5.19.0
       tokenizers==0.23.2 sentencepiece==0.2.1 compressed-tensors==0.18.0
-      openai==2.8.0 xgrammar==0.2.7) ;;
+      openai==2.8.0 xgrammar==0.2.7
+      # sglang.bench_serving imports datasets; the bench tool runs end to end
+      # here (0.5.9's would need a huggingface-hub its transformers refuses)
+      datasets) ;;
   *) echo "unsupported SGLang version for CI: $version" >&2; exit 2 ;;
 esac
 "$py" -m pip install -q "${common[@]}" "${extra[@]}" "torch==2.13.0"

@@ -26,8 +26,15 @@ Usage (one GPU, Llama-3.1-8B with its EAGLE-3 draft, for example)::
         --algorithm EAGLE3 -- --tp 1 --mem-fraction-static 0.7
 
 Arguments after ``--`` go to every server. ``--no-speculation-smoke`` runs the
-same plumbing without speculation (the gate idle), which is how CI exercises
-this script on CPU; it validates nothing about the plain step.
+same plumbing without speculation (the gate idle); it validates nothing about
+the plain step.
+
+On CPU, CI runs this script for real against SGLang's speculative path on a
+tiny model (``tests/test_validate_script.py``): ``--prompts 2
+--strategies eager --concurrency 1`` with ``-- --device cpu --attention-backend
+triton ...`` and the CI-only CPU stand-ins of ``ci/cpu_spec`` in the
+environment. That checks the script and shows what it reports; the numbers
+of section 3 say nothing about a GPU.
 
 Status: written against eagle_gate's plain step for SGLang 0.5.9 and 0.5.23;
 it has NOT been run on a GPU yet.
@@ -107,17 +114,21 @@ def server(cmd: list[str], env: dict, log: Path, timeout: float):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def greedy_outputs(base: str, max_new_tokens: int) -> list[list[int]]:
+def greedy_outputs(
+    base: str, max_new_tokens: int, prompts: list[str]
+) -> list[list[int]]:
     params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
     return [
         post(base + "/generate", {"text": p, "sampling_params": params})["output_ids"]
-        for p in PROMPTS
+        for p in prompts
     ]
 
 
-def throughput(base: str, concurrency: int, max_new_tokens: int) -> float:
+def throughput(
+    base: str, concurrency: int, max_new_tokens: int, prompts: list[str]
+) -> float:
     params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(concurrency * 4)]
+    prompts = [prompts[i % len(prompts)] for i in range(concurrency * 4)]
     t0 = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         done = list(
@@ -161,6 +172,9 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--strategies", default="eager,lazy,none")
+    parser.add_argument(
+        "--prompts", type=int, default=len(PROMPTS), help="use the first N prompts"
+    )
     parser.add_argument("--startup-timeout", type=float, default=900)
     parser.add_argument("--no-speculation-smoke", action="store_true")
     parser.add_argument("--out", default=None)
@@ -185,6 +199,7 @@ def main() -> int:
         ]  # fmt: skip
     env = dict(os.environ)
     levels = [int(c) for c in args.concurrency.split(",")]
+    prompts = PROMPTS[: max(1, args.prompts)]
     failures = 0
 
     def stock(port):
@@ -198,8 +213,10 @@ def main() -> int:
 
     print(f"== reference: server without speculation (logs in {out})")
     with server(stock(free_port()), env, out / "nospec.log", args.startup_timeout) as b:
-        reference = greedy_outputs(b, args.max_new_tokens)
-        reference_tps = {c: throughput(b, c, args.max_new_tokens) for c in levels}
+        reference = greedy_outputs(b, args.max_new_tokens, prompts)
+        reference_tps = {
+            c: throughput(b, c, args.max_new_tokens, prompts) for c in levels
+        }
 
     print("\n== 1+2. outputs and acceptance across forced switches")
     header = ("strategy", "identical", "accept after PLAIN", "other SPEC")
@@ -210,12 +227,12 @@ def main() -> int:
         extra += ["--gate-decision-log", str(log_dir)]
         cmd = gated(free_port(), "alternate", strategy, extra)
         with server(cmd, env, out / f"gated-{strategy}.log", args.startup_timeout) as b:
-            outputs = greedy_outputs(b, args.max_new_tokens)
+            outputs = greedy_outputs(b, args.max_new_tokens, prompts)
         same = sum(o == r for o, r in zip(outputs, reference, strict=True))
-        failures += same != len(PROMPTS)
+        failures += same != len(prompts)
         after, other = switch_acceptance(log_dir)
         fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
-        identical = f"{same}/{len(PROMPTS)}"
+        identical = f"{same}/{len(prompts)}"
         print(f"{strategy:>10} {identical:>10} {fmt(after):>19} {fmt(other):>11}")
 
     print("\n== 3. plain-step throughput: gated (policy never) / no speculation")
@@ -227,7 +244,7 @@ def main() -> int:
         args.startup_timeout,
     ) as b:
         for c in levels:
-            tps = throughput(b, c, args.max_new_tokens)
+            tps = throughput(b, c, args.max_new_tokens, prompts)
             ratio = tps / reference_tps[c]
             print(f"{c:>5} {reference_tps[c]:>14.1f} {tps:>12.1f} {ratio:>7.3f}")
     print("\nRESULT:", "outputs identical" if not failures else "OUTPUTS DIFFER")

@@ -33,9 +33,17 @@ echo "== lint (ruff)"
 ".venv-$first/bin/ruff" check src tests examples ci
 ".venv-$first/bin/ruff" format --check src tests examples ci
 
+# Models the end-to-end tests build (the tiny target, the trained EAGLE-3
+# draft) are cached here and shared by both environments.
+export EAGLE_GATE_MODEL_CACHE="${EAGLE_GATE_MODEL_CACHE:-$PWD/build/test-models}"
+mkdir -p "$EAGLE_GATE_MODEL_CACHE"
+
 status=0
 for v in $versions; do
   echo "== tests against SGLang $v"
-  ".venv-$v/bin/python" -m pytest -p no:cacheprovider -W ignore::UserWarning "$@" || status=$?
+  start=$SECONDS
+  ".venv-$v/bin/python" -m pytest -p no:cacheprovider -W ignore::UserWarning \
+    --durations=12 "$@" || status=$?
+  echo "== SGLang $v: $((SECONDS - start)) s"
 done
 exit $status

@@ -9,3 +9,53 @@ def tiny_model(tmp_path_factory):
     from support.tiny_model import build_tiny_llama
 
     return build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def spec_models(tmp_path_factory):
+    """``(target, draft)``: the tiny target and a tiny EAGLE-3 draft trained on
+    its outputs, whose proposals depend on its own KV cache and hidden inputs
+    (``support.trained_draft``). Cached under ``EAGLE_GATE_MODEL_CACHE`` when
+    set (scripts/test.sh sets it), so both SGLang environments of a run, and
+    later runs, share them."""
+    import os
+    import time
+    from pathlib import Path
+
+    import sglang_env
+    from support.timings import note
+    from support.tiny_model import build_tiny_llama
+    from support.trained_draft import build_trained_eagle3_draft, read_draft_info
+
+    cache = os.environ.get("EAGLE_GATE_MODEL_CACHE")
+    root = Path(cache) if cache else tmp_path_factory.mktemp("spec-models")
+    target = root / "tiny-llama"
+    if not (target / "config.json").exists():
+        build_tiny_llama(target)
+    t0 = time.monotonic()
+    draft = build_trained_eagle3_draft(target, root / "tiny-eagle3-trained")
+    info = read_draft_info(draft) or {}
+    note(
+        f"SGLang {sglang_env.version()}: trained draft: offline accept length "
+        f"{info.get('accept_length')}, without its KV history "
+        f"{info.get('accept_length_no_history')} ({time.monotonic() - t0:.0f} s)"
+    )
+    return target, draft
+
+
+@pytest.fixture(scope="session")
+def test_plugins(tmp_path_factory):
+    """The test-only policies (schedule, coin, flaky) and the example
+    ``alternate``, installed into a directory servers get on PYTHONPATH."""
+    from support.gated_server import install_test_plugins
+
+    return install_test_plugins(tmp_path_factory.mktemp("plugins"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    from support import timings
+
+    if timings.LINES:
+        terminalreporter.section("eagle_gate: timings and measurements")
+        for line in timings.LINES:
+            terminalreporter.write_line(line)

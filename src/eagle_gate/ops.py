@@ -115,8 +115,12 @@ class OpsService:
         rt = self.runtime
         record = rt.status()
         record.update(self.extra)
+        from eagle_gate.adapters._base import ACTIVE
+
         record.update(
             gated=self.gated,
+            # errors of the gate's own logic (the step ran SGLang's stock path)
+            internal_errors=ACTIVE.internal_errors,
             updated_at=time.time(),
             control={
                 "available": self.control_available,

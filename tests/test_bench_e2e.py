@@ -1,0 +1,107 @@
+"""``python -m eagle_gate.bench`` once end to end, against real CPU servers.
+
+A server without speculation, a stock EAGLE-3 server and a gated one (SGLang's
+real speculative path on CPU, see ``support.spec_server``), two small
+concurrencies: the bench tool drives ``sglang.bench_serving`` against each and
+prints its table with ratios to the first server. The numbers describe a tiny
+model under the Triton interpreter, nothing more.
+
+It runs once, in the SGLang 0.5.23 environment: ``sglang.bench_serving``
+imports ``datasets``, and the ``datasets`` release that pip resolves beside
+0.5.9's pins needs a huggingface-hub that 0.5.9's transformers refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import sglang_env
+from support.server import free_port, running_server
+from support.spec_server import (
+    baseline_server_args,
+    baseline_server_env,
+    spec_server_args,
+    spec_server_env,
+)
+from support.timings import note
+
+pytestmark = pytest.mark.skipif(
+    sglang_env.version() != "0.5.23",
+    reason="the bench tool runs end to end once, in the 0.5.23 environment "
+    "(see the module doc)",
+)
+
+
+def test_bench_tool_against_baseline_eagle3_and_gated_servers(spec_models, tmp_path):
+    import contextlib
+
+    target, draft = spec_models
+    servers = {
+        "baseline": (
+            lambda port: baseline_server_args(target, port),
+            baseline_server_env(),
+        ),
+        "eagle3": (
+            lambda port: spec_server_args(target, draft, port),
+            spec_server_env(),
+        ),
+        "gated": (
+            lambda port: spec_server_args(
+                target,
+                draft,
+                port,
+                launcher="gate",
+                gate_args=[
+                    "--gate-policy",
+                    "goodput",
+                    "--gate-status-dir",
+                    str(tmp_path / "status"),
+                ],
+            ),  # fmt: skip
+            spec_server_env(launcher="gate"),
+        ),
+    }
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for name, (args, env) in servers.items():
+            port = free_port()
+            srv = stack.enter_context(
+                running_server(
+                    args(port),
+                    port,
+                    env,
+                    tmp_path / f"{name}.log",
+                    ready_timeout_s=400,
+                )  # fmt: skip
+            )
+            urls[name] = srv.base_url
+        cmd = [sys.executable, "-m", "eagle_gate.bench"]
+        for name, url in urls.items():
+            cmd += ["--server", f"{name}={url}"]
+        cmd += [
+            "--gate-status", f"gated={tmp_path / 'status'}",
+            "--concurrency", "1,2", "--num-prompts-per-level", "2",
+            "--dataset-name", "random-ids", "--random-input-len", "12",
+            "--random-output-len", "8", "--random-range-ratio", "1.0",
+            "--tokenizer", str(target), "--run-timeout", "600",
+            "--out", str(tmp_path / "bench"),
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
+    note(f"SGLang {sglang_env.version()}: python -m eagle_gate.bench on CPU:")
+    note(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    table = proc.stdout
+    for name in ("baseline", "eagle3", "gated"):
+        assert name in table
+    doc = json.loads((tmp_path / "bench" / "results.json").read_text())
+    runs = {(r["server"], r["concurrency"]): r for r in doc["runs"]}
+    assert set(runs) == {(n, c) for n in servers for c in (1, 2)}
+    failed = {k: r.get("error") for k, r in runs.items() if not r.get("ok")}
+    assert not failed, failed
+    assert all(r["output_tok_s"] > 0 for r in runs.values())
+    # the ratio columns of the first table: a number for every level
+    first = table.split("output tok/s")[1]
+    assert "eagle3 / baseline" in first and "gated / baseline" in first

@@ -1,0 +1,450 @@
+"""The gate end to end inside real speculative servers, as SGLang runs it.
+
+Each gated server here is ``python -m eagle_gate.launch`` serving EAGLE-3 with
+SGLang's real ``EAGLEWorkerV2`` on CPU (draft forward, TARGET_VERIFY, draft
+extend; Triton kernels interpreted; the CPU stand-ins of ``ci/cpu_spec``, which
+replace GPU kernels only), with the scheduler's overlap loop on (0.5.9 always;
+0.5.23 through the CI switch that skips its CPU-only switch-off) and, on
+0.5.23, off. Its greedy outputs must equal those of a server without
+speculation of the same target, whatever the gate decides: PLAIN every step,
+a seeded random switcher, fixed stretches, a policy that raises, goodput.
+
+The draft is a tiny EAGLE-3 head trained on the target's own outputs
+(``support.trained_draft``): its proposals depend on its KV cache and hidden
+inputs, so the acceptance after a PLAIN stretch shows whether the plain step
+kept the draft's state (``draft_sync``).
+
+Budget: a verify step takes about 0.5 s on two cores; the servers are shared by
+every test of one configuration (pytest groups the tests by the module-scoped
+``gated`` parameter), and each group prints how long it took.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import sglang_env
+from support.gated_server import (
+    abort,
+    decision_records,
+    generate,
+    generate_many,
+    metrics_text,
+    scheduler_status,
+    set_policy,
+    status,
+    with_pythonpath,
+)
+from support.server import free_port, running_server
+from support.spec_server import (
+    baseline_server_args,
+    baseline_server_env,
+    spec_server_args,
+    spec_server_env,
+)
+from support.timings import note
+
+VERSION = sglang_env.version()
+NUM_DRAFT_TOKENS = 4  # 3 draft steps + the bonus token, topk 1
+
+
+@dataclass(frozen=True)
+class Config:
+    """One gated server: how the plain step keeps the draft, and the scheduler."""
+
+    draft_sync: str
+    overlap: bool = True
+    #: 0.5.23 only: run as FA3/trtllm do, without CPU sequence lengths.
+    cpu_seq_lens: bool = True
+    #: run the draft-state measurement (PLAIN stretches of 1..16 steps).
+    draft_state: bool = True
+    #: run the operational checks (goodput, threshold, metrics, replay, ...).
+    operations: bool = False
+
+    @property
+    def id(self) -> str:
+        parts = [self.draft_sync, "overlap" if self.overlap else "sync"]
+        if not self.cpu_seq_lens:
+            parts.append("no-cpu-lens")
+        return "-".join(parts)
+
+
+CONFIGS = [
+    Config("eager", operations=True),
+    Config("lazy"),
+    Config("none"),
+]
+if VERSION == "0.5.23":  # 0.5.9 speculates (spec v2) with overlap on only
+    CONFIGS += [
+        Config("eager", overlap=False, draft_state=False),
+        Config("eager", cpu_seq_lens=False, draft_state=False),
+    ]
+
+# -- the requests, and what a server without speculation answers ---------------
+SINGLE = ("Once upon a time the tiny model", 16)
+STAGGERED = [
+    ("The quick brown fox", 10),
+    ("Speculative decoding drafts tokens and", 20),
+    ("One two three four five", 14),
+]
+KEEPER = ("A request that must not notice the abort", 20)
+RADIX_BASE = ([1] + list(range(40, 80)), 12)
+RADIX_NEW = 10
+OPS_LOAD = [
+    ("the gate at work one", 8),
+    ("the gate at work two", 12),
+    ("the gate at work three", 16),
+    ("the gate at work four", 20),
+]
+FLAKY = [("a policy that raises", 16), ("and the server goes on", 12)]
+# Draft state: 4 requests decoded together through a fixed schedule of PLAIN
+# stretches, SPEC steps between them long enough to measure acceptance.
+STRETCHES = (1, 2, 4, 8, 16)
+SPEC_BETWEEN = 5
+DRAFT_PROMPTS = [
+    [1] + [(37 * i + 11 * k) % 900 + 4 for k in range(24)] for i in range(4)
+]
+DRAFT_NEW = 100
+
+
+def draft_pattern() -> str:
+    parts = [f"s{SPEC_BETWEEN + 3}"]
+    for n in STRETCHES:
+        parts += [f"p{n}", f"s{SPEC_BETWEEN}"]
+    return ",".join(parts)
+
+
+def reference_requests() -> dict[str, tuple]:
+    requests = {"single": SINGLE, "keeper": KEEPER, "radix-base": RADIX_BASE}
+    requests.update({f"staggered-{i}": r for i, r in enumerate(STAGGERED)})
+    requests.update({f"ops-{i}": r for i, r in enumerate(OPS_LOAD)})
+    requests.update({f"flaky-{i}": r for i, r in enumerate(FLAKY)})
+    requests.update({f"draft-{i}": (p, DRAFT_NEW) for i, p in enumerate(DRAFT_PROMPTS)})
+    return requests
+
+
+@pytest.fixture(scope="module")
+def reference(spec_models, tmp_path_factory) -> dict[str, dict]:
+    """Every request's greedy answer from a server without speculation."""
+    target, _ = spec_models
+    t0 = time.monotonic()
+    port = free_port()
+    log = tmp_path_factory.mktemp("baseline") / "baseline.log"
+    answers: dict[str, dict] = {}
+    with running_server(
+        baseline_server_args(target, port), port, baseline_server_env(), log
+    ) as srv:
+        requests = reference_requests()
+        names = list(requests)
+        results = generate_many(srv.base_url, [requests[n] for n in names])
+        answers.update(zip(names, results, strict=True))
+        base_ids, _ = RADIX_BASE
+        continuation = base_ids + answers["radix-base"]["output_ids"]
+        answers["radix-cont"] = generate(srv.base_url, continuation, RADIX_NEW)
+        answers["radix-cont"]["input_ids"] = continuation
+    note(
+        f"SGLang {VERSION}: baseline server, {len(answers)} reference requests: "
+        f"{time.monotonic() - t0:.0f} s"
+    )
+    return answers
+
+
+@dataclass
+class Gated:
+    config: Config
+    base_url: str
+    log_path: Path
+    decision_dir: Path
+    started: float
+    notes: dict = field(default_factory=dict)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module", params=CONFIGS, ids=lambda c: c.id)
+def gated(request, spec_models, test_plugins, tmp_path_factory):
+    config: Config = request.param
+    target, draft = spec_models
+    root = tmp_path_factory.mktemp(f"gated-{config.id}")
+    decision_dir = root / "decisions"
+    port = free_port()
+    gate_args = [
+        "--gate-policy", "never",
+        "--gate-draft-sync", config.draft_sync,
+        "--gate-decision-log", str(decision_dir),
+        "--gate-status-dir", str(root / "status"),
+    ]  # fmt: skip
+    args = spec_server_args(
+        target, draft, port, launcher="gate", overlap=config.overlap,
+        gate_args=gate_args,
+    )  # fmt: skip
+    args += ["--enable-metrics"]
+    extra = {
+        # runtime changes apply at the next decode step, not the 64th
+        "EAGLE_GATE_CONTROL_EVERY": "1",
+        # status records rewritten five times a second (tests read them)
+        "EAGLE_GATE_OPS_INTERVAL_S": "0.2",
+        "EAGLE_GATE_DECISION_LOG_RATE": "100000",
+        # SGLang's own debug asserts (0.5.23: a resolve without a fresh
+        # publish fails) and its idle memory check (a leak stops the server)
+        "SGLANG_IS_IN_CI": "1",
+        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
+    }
+    if not config.cpu_seq_lens:
+        extra["EAGLE_GATE_CI_NO_CPU_SEQLENS"] = "1"
+    env = with_pythonpath(
+        spec_server_env(launcher="gate", overlap=config.overlap, **extra), test_plugins
+    )
+    t0 = time.monotonic()
+    with running_server(
+        args, port, env, root / "server.log", ready_timeout_s=400
+    ) as srv:
+        handle = Gated(config, srv.base_url, srv.log_path, decision_dir, t0)
+        startup = srv.startup_s
+        yield handle
+        log = handle.log()
+    note(
+        f"SGLang {VERSION}: gated server [{config.id}]: up in {startup:.0f} s, "
+        f"group took {time.monotonic() - t0:.0f} s"
+    )
+    assert not log_failures(log), log[-4000:]
+
+
+#: what must never show in a gated server's log (SGLang logs a harmless
+#: traceback at start on CPU, so tracebacks as such are not a signal).
+LOG_FAILURES = (
+    "memory leak detected",
+    "resolve without a fresh forward publish",
+    "eagle_gate: internal error",
+    "the plain step failed",
+    "DEGRADED",
+    "AssertionError",
+)
+
+
+def log_failures(text: str) -> list[str]:
+    return [marker for marker in LOG_FAILURES if marker in text]
+
+
+def ids(result: dict) -> list[int]:
+    return result["output_ids"]
+
+
+# -- token identity ------------------------------------------------------------
+def test_plain_every_step_alone_is_token_identical(reference, gated):
+    """Policy ``never`` (the launch policy): every decode step PLAIN."""
+    before = scheduler_status(gated.base_url, settle_s=0)
+    result = generate(gated.base_url, *SINGLE)
+    assert ids(result) == ids(reference["single"])
+    after = scheduler_status(gated.base_url)
+    assert after["steps"]["plain"] > before["steps"]["plain"]
+    assert after["plain_step_failures"] == 0 and after["internal_errors"] == 0
+    # SGLang counts every plain step as a verify that accepted nothing
+    assert result["meta_info"]["spec_verify_ct"] >= SINGLE[1] - 1
+
+
+def test_seeded_random_switching_with_staggered_requests(reference, gated):
+    """Three requests of different lengths that start and finish at
+    different steps, under a seeded random switcher."""
+    set_policy(gated.base_url, "coin", seed=7, plain_share=0.5)
+    results = generate_many(gated.base_url, STAGGERED, stagger_s=1.5)
+    for i, result in enumerate(results):
+        assert ids(result) == ids(reference[f"staggered-{i}"]), i
+    record = scheduler_status(gated.base_url)
+    assert record["policy"] == "coin"
+    assert record["steps"]["spec"] > 0 and record["steps"]["plain"] > 0
+
+
+def test_abort_during_a_plain_stretch_leaks_nothing(reference, gated):
+    """A request aborted while every step is PLAIN: the other request's output
+    is untouched, and once idle SGLang's own memory check (strict here: a
+    leak stops the server) finds every KV slot and request slot free again,
+    so the token pool's free size is back where it started."""
+    set_policy(gated.base_url, "never")
+    with ThreadPoolExecutor(2) as pool:
+        victim = pool.submit(generate, gated.base_url, "abort me please", 400,
+                             rid="victim")  # fmt: skip
+        keeper = pool.submit(generate, gated.base_url, *KEEPER)
+        time.sleep(4.0)
+        assert abort(gated.base_url, "victim") == 200
+        kept = keeper.result()
+        aborted = victim.result()
+    assert ids(kept) == ids(reference["keeper"])
+    assert len(ids(aborted)) < 400
+    assert aborted["meta_info"]["finish_reason"]["type"] == "abort"
+    time.sleep(3.0)  # idle: SGLang checks its pools
+    assert status(gated.base_url)["ok"]
+    assert not log_failures(gated.log())
+
+
+def test_radix_cache_hits_after_plain_stretches(reference, gated):
+    """A request decoded with PLAIN stretches, then one that continues it:
+    the second reuses the first's KV from the radix cache (target and draft
+    alike) and both are token-identical."""
+    set_policy(gated.base_url, "schedule", pattern="p3,s1")
+    base = generate(gated.base_url, *RADIX_BASE)
+    assert ids(base) == ids(reference["radix-base"])
+    cont = reference["radix-cont"]
+    again = generate(gated.base_url, cont["input_ids"], RADIX_NEW)
+    assert ids(again) == ids(cont)
+    assert again["meta_info"]["cached_tokens"] >= len(RADIX_BASE[0])
+
+
+# -- draft state -----------------------------------------------------------------
+def accept_after_stretches(records: list[dict], first_step: int) -> dict:
+    """From the decision log: mean accept length (tokens per request) of the
+    first SPEC step after each PLAIN stretch, by stretch length, and of SPEC
+    steps with at least 3 SPEC steps before them ("steady")."""
+    outcomes = sorted(
+        (r for r in records if r["kind"] == "outcome" and r["step"] >= first_step),
+        key=lambda r: r["step"],
+    )
+    after: dict[int, list[float]] = {}
+    steady: list[float] = []
+    plain_run = spec_run = 0
+    for r in outcomes:
+        mean = sum(r["accept_lens"]) / len(r["accept_lens"])
+        if r["mode"] == "plain":
+            plain_run += 1
+            spec_run = 0
+            continue
+        if plain_run:
+            after.setdefault(plain_run, []).append(mean)
+        elif spec_run >= 3:
+            steady.append(mean)
+        plain_run = 0
+        spec_run += 1
+    return {
+        "after": {n: sum(v) / len(v) for n, v in sorted(after.items())},
+        "steady": sum(steady) / len(steady) if steady else None,
+    }
+
+
+def test_draft_state_after_plain_stretches(reference, gated):
+    """With the state-dependent draft: the accept length of the first SPEC
+    step after a PLAIN stretch of 1, 2, 4, 8, 16 steps against SPEC steps with
+    no stretch before them. eager keeps the draft exact at every length; lazy
+    up to its window (num_draft_tokens positions); none shows its dip."""
+    config = gated.config
+    if not config.draft_state:
+        pytest.skip(f"{config.id}: identity only (draft state runs overlap-on)")
+    records = decision_records(gated.decision_dir)
+    first_step = 1 + max((r["step"] for r in records if "step" in r), default=-1)
+    set_policy(gated.base_url, "schedule", pattern=draft_pattern(), repeat=False)
+    results = generate_many(gated.base_url, [(p, DRAFT_NEW) for p in DRAFT_PROMPTS])
+    for i, result in enumerate(results):
+        assert ids(result) == ids(reference[f"draft-{i}"]), i
+    time.sleep(1.0)  # the ops thread flushes the log (every 0.2 s here)
+    measured = accept_after_stretches(decision_records(gated.decision_dir), first_step)
+    steady, after = measured["steady"], measured["after"]
+    table = " ".join(f"{n}:{after.get(n, float('nan')):.2f}" for n in STRETCHES)
+    note(
+        f"SGLang {VERSION}: [{config.id}] accept length of the first SPEC step "
+        f"after a PLAIN stretch of n steps: {table} | no stretch: {steady:.2f}"
+    )
+    assert set(STRETCHES) <= set(after), after
+    assert steady > 1.3, "the trained draft should accept"
+    if config.draft_sync == "eager":
+        for n in STRETCHES:
+            assert after[n] >= 0.8 * steady, (n, after, steady)
+    elif config.draft_sync == "lazy":
+        for n in STRETCHES:
+            if n <= NUM_DRAFT_TOKENS:
+                assert after[n] >= 0.8 * steady, (n, after, steady)
+        assert min(after[n] for n in STRETCHES if n > NUM_DRAFT_TOKENS) < steady
+    else:
+        assert after[16] < 0.8 * steady, (after, steady)
+
+
+# -- the gate at work -----------------------------------------------------------
+def operations_only(gated):
+    if not gated.config.operations:
+        pytest.skip(f"{gated.config.id}: operations run in the eager-overlap server")
+
+
+def test_threshold_and_goodput_decide_on_a_live_server(reference, gated):
+    """threshold switches as the batch shrinks; goodput is switched on at
+    runtime while requests are in flight; outputs stay identical."""
+    if not gated.config.operations and gated.config.cpu_seq_lens:
+        pytest.skip(f"{gated.config.id}: runs in the operations server")
+    before = scheduler_status(gated.base_url, settle_s=0)
+    set_policy(
+        gated.base_url, "threshold", plain_above=2, spec_at_or_below=2,
+        min_dwell_steps=1,
+    )  # fmt: skip
+    results = generate_many(gated.base_url, OPS_LOAD, stagger_s=0.2)
+    for i, result in enumerate(results):
+        assert ids(result) == ids(reference[f"ops-{i}"]), i
+    mid = scheduler_status(gated.base_url)
+    assert mid["policy"] == "threshold"
+    assert mid["decisions"]["plain"] > before["decisions"]["plain"]
+    assert mid["decisions"]["spec"] > before["decisions"]["spec"]
+
+    # goodput, requested while a load is being served
+    with ThreadPoolExecutor(1) as pool:
+        load = pool.submit(generate_many, gated.base_url, OPS_LOAD)
+        time.sleep(2.0)
+        version = set_policy(gated.base_url, "goodput")
+        results = load.result()
+    for i, result in enumerate(results):
+        assert ids(result) == ids(reference[f"ops-{i}"]), i
+    after = scheduler_status(gated.base_url)
+    assert after["policy"] == "goodput" and after["config_version"] == version
+    assert after["policy_errors"] == 0, after["policy_errors_by_reason"]
+    assert after["internal_errors"] == 0
+
+
+def test_a_policy_that_raises_mid_run_changes_nothing(reference, gated):
+    operations_only(gated)
+    before = scheduler_status(gated.base_url, settle_s=0)
+    set_policy(gated.base_url, "flaky", every=3)
+    results = generate_many(gated.base_url, FLAKY)
+    for i, result in enumerate(results):
+        assert ids(result) == ids(reference[f"flaky-{i}"]), i
+    after = scheduler_status(gated.base_url)
+    raised = after["policy_errors_by_reason"]["decide_raised"]
+    assert raised > before["policy_errors_by_reason"]["decide_raised"]
+    assert after["steps"]["plain"] > before["steps"]["plain"]
+
+
+def test_status_and_metrics_show_both_modes(gated):
+    operations_only(gated)
+    record = scheduler_status(gated.base_url)
+    assert record["gated"] is True and record["state"] == "gating EAGLE3"
+    assert record["steps"]["spec"] > 0 and record["steps"]["plain"] > 0
+    assert record["spec_accept_length"] > 1.0
+    text = metrics_text(gated.base_url)
+    for name in (
+        'eagle_gate_decode_steps_total{dp_rank="0",mode="plain"}',
+        'eagle_gate_decode_steps_total{dp_rank="0",mode="spec"}',
+        'eagle_gate_decode_request_steps_total{dp_rank="0",mode="spec"}',
+        'eagle_gate_spec_accept_length{dp_rank="0"}',
+        "eagle_gate_policy_errors_total",
+        "eagle_gate_dwell_steps_bucket",
+    ):
+        assert name in text, name
+    # SGLang's own acceptance mixes in the plain steps; the gate's does not
+    line = next(
+        x for x in text.splitlines() if x.startswith("eagle_gate_spec_accept_length{")
+    )
+    assert float(line.rsplit(" ", 1)[1]) >= 1.0
+
+
+def test_the_decision_log_replays_through_the_simulator(gated):
+    operations_only(gated)
+    (path,) = sorted(gated.decision_dir.glob("decisions-*.jsonl"))
+    out = subprocess.run(
+        [sys.executable, "-m", "eagle_gate.sim", "replay", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "decisions" in out.stdout
