@@ -7,17 +7,15 @@ its offline accept length (3 draft steps, topk 1) is well above 1, and that its
 proposals depend on its KV history and its hidden input, so stale draft state
 after skipped draft updates shows up as lower acceptance.
 
-The draft is built once per session under pytest's tmp dir, or, with
-``EAGLE_GATE_MODEL_CACHE`` set, under that directory (``1`` means
-``build/test-models`` in the repository) and reused across sessions.
+The draft is conftest's ``spec_models``, the one the end-to-end servers use:
+built once per session, and reused across sessions under
+``EAGLE_GATE_MODEL_CACHE`` (scripts/test.sh sets it).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
-from pathlib import Path
 
 import pytest
 
@@ -25,34 +23,17 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
 from support import trained_draft as td  # noqa: E402
-from support.tiny_model import build_tiny_llama  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 
 # The builder measures 1.6-1.7 on held-out prompts (3 steps, topk 1); a random
 # draft gives 1.0.
 MIN_ACCEPT_LENGTH = 1.4
 
 
-def _cache_root(tmp_path_factory) -> Path:
-    value = os.environ.get("EAGLE_GATE_MODEL_CACHE", "").strip()
-    if not value:
-        return tmp_path_factory.mktemp("trained-draft")
-    if value.lower() in ("1", "true", "yes"):
-        return REPO / "build" / "test-models"
-    return Path(value)
-
-
 @pytest.fixture(scope="session")
-def built(tmp_path_factory):
-    root = _cache_root(tmp_path_factory)
-    target = root / "tiny-llama"
-    if not (target / "model.safetensors").exists():
-        build_tiny_llama(target)
-    t0 = time.monotonic()
-    draft = td.build_trained_eagle3_draft(target, root / "tiny-llama-eagle3-trained")
-    print(f"draft ready in {time.monotonic() - t0:.1f}s: {td.read_draft_info(draft)}")
-    return target, draft
+def built(spec_models):
+    """The draft the end-to-end servers use (conftest's ``spec_models``): one
+    build per session, cached under ``EAGLE_GATE_MODEL_CACHE``."""
+    return spec_models
 
 
 @pytest.fixture(scope="session")
