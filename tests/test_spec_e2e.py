@@ -285,10 +285,11 @@ def test_abort_during_a_plain_stretch_leaks_nothing(reference, gated):
 
 
 def test_radix_cache_hits_after_plain_stretches(reference, gated):
-    """A request decoded with PLAIN stretches, then one that continues it:
-    the second reuses the first's KV from the radix cache (target and draft
-    alike) and both are token-identical."""
-    set_policy(gated.base_url, "schedule", pattern="p3,s1")
+    """A request decoded with PLAIN stretches (the third-party example policy
+    ``alternate``, 3 steps each way), then one that continues it: the second
+    reuses the first's KV from the radix cache (target and draft alike) and
+    both are token-identical."""
+    set_policy(gated.base_url, "alternate", period=3, start="plain")
     base = generate(gated.base_url, *RADIX_BASE)
     assert ids(base) == ids(reference["radix-base"])
     cont = reference["radix-cont"]
@@ -298,40 +299,68 @@ def test_radix_cache_hits_after_plain_stretches(reference, gated):
 
 
 # -- draft state -----------------------------------------------------------------
+@dataclass
+class Sample:
+    """Per-request accept lengths (tokens a request advanced in one SPEC step)."""
+
+    values: list[float] = field(default_factory=list)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values) if self.values else float("nan")
+
+    @property
+    def se(self) -> float:
+        """Standard error of the mean."""
+        n = len(self.values)
+        if n < 2:
+            return float("inf")
+        m = self.mean
+        return (sum((v - m) ** 2 for v in self.values) / (n - 1) / n) ** 0.5
+
+
 def accept_after_stretches(records: list[dict], first_step: int) -> dict:
-    """From the decision log: mean accept length (tokens per request) of the
-    first SPEC step after each PLAIN stretch, by stretch length, and of SPEC
-    steps with at least 3 SPEC steps before them ("steady")."""
+    """From the decision log: each request's accept length in the first SPEC
+    step after a PLAIN stretch, by stretch length, and in SPEC steps with at
+    least 3 SPEC steps before them ("steady")."""
     outcomes = sorted(
         (r for r in records if r["kind"] == "outcome" and r["step"] >= first_step),
         key=lambda r: r["step"],
     )
-    after: dict[int, list[float]] = {}
-    steady: list[float] = []
+    after: dict[int, Sample] = {}
+    steady = Sample()
     plain_run = spec_run = 0
     for r in outcomes:
-        mean = sum(r["accept_lens"]) / len(r["accept_lens"])
         if r["mode"] == "plain":
             plain_run += 1
             spec_run = 0
             continue
         if plain_run:
-            after.setdefault(plain_run, []).append(mean)
+            after.setdefault(plain_run, Sample()).values.extend(r["accept_lens"])
         elif spec_run >= 3:
-            steady.append(mean)
+            steady.values.extend(r["accept_lens"])
         plain_run = 0
         spec_run += 1
-    return {
-        "after": {n: sum(v) / len(v) for n, v in sorted(after.items())},
-        "steady": sum(steady) / len(steady) if steady else None,
-    }
+    return {"after": dict(sorted(after.items())), "steady": steady}
+
+
+def pooled(after: dict[int, Sample], lengths) -> Sample:
+    return Sample([v for n in lengths for v in after[n].values])
+
+
+def noise(a: Sample, b: Sample) -> float:
+    """Three standard errors of the difference of two means: a difference
+    below this is within the noise of the measurement."""
+    return 3 * (a.se**2 + b.se**2) ** 0.5
 
 
 def test_draft_state_after_plain_stretches(reference, gated):
     """With the state-dependent draft: the accept length of the first SPEC
     step after a PLAIN stretch of 1, 2, 4, 8, 16 steps against SPEC steps with
-    no stretch before them. eager keeps the draft exact at every length; lazy
-    up to its window (num_draft_tokens positions); none shows its dip."""
+    no stretch before them. One such step per stretch length (4 requests) is
+    too few to compare lengths one by one, so the samples are pooled: eager's
+    (every length) and lazy's (lengths within its window) match the steady
+    acceptance within three standard errors; none's fall below it by more."""
     config = gated.config
     if not config.draft_state:
         pytest.skip(f"{config.id}: identity only (draft state runs overlap-on)")
@@ -344,23 +373,26 @@ def test_draft_state_after_plain_stretches(reference, gated):
     time.sleep(1.0)  # the ops thread flushes the log (every 0.2 s here)
     measured = accept_after_stretches(decision_records(gated.decision_dir), first_step)
     steady, after = measured["steady"], measured["after"]
-    table = " ".join(f"{n}:{after.get(n, float('nan')):.2f}" for n in STRETCHES)
+    assert set(STRETCHES) <= set(after), after
+    checked = (
+        [n for n in STRETCHES if n <= NUM_DRAFT_TOKENS]
+        if config.draft_sync == "lazy"
+        else list(STRETCHES)
+    )
+    resumed = pooled(after, checked)
+    table = " ".join(f"{n}:{after[n].mean:.2f}" for n in STRETCHES)
     note(
         f"SGLang {VERSION}: [{config.id}] accept length of the first SPEC step "
-        f"after a PLAIN stretch of n steps: {table} | no stretch: {steady:.2f}"
+        f"after a PLAIN stretch of n steps: {table} | pooled n in {checked}: "
+        f"{resumed.mean:.2f} +- {resumed.se:.2f} | no stretch: "
+        f"{steady.mean:.2f} +- {steady.se:.2f}"
     )
-    assert set(STRETCHES) <= set(after), after
-    assert steady > 1.3, "the trained draft should accept"
-    if config.draft_sync == "eager":
-        for n in STRETCHES:
-            assert after[n] >= 0.8 * steady, (n, after, steady)
-    elif config.draft_sync == "lazy":
-        for n in STRETCHES:
-            if n <= NUM_DRAFT_TOKENS:
-                assert after[n] >= 0.8 * steady, (n, after, steady)
-        assert min(after[n] for n in STRETCHES if n > NUM_DRAFT_TOKENS) < steady
+    assert steady.mean > 1.3, "the trained draft should accept"
+    tolerance = noise(resumed, steady)
+    if config.draft_sync in ("eager", "lazy"):
+        assert resumed.mean >= steady.mean - tolerance, (table, steady.mean)
     else:
-        assert after[16] < 0.8 * steady, (after, steady)
+        assert resumed.mean < steady.mean - tolerance, (table, steady.mean)
 
 
 # -- the gate at work -----------------------------------------------------------
@@ -448,3 +480,61 @@ def test_the_decision_log_replays_through_the_simulator(gated):
     )
     assert out.returncode == 0, out.stderr
     assert "decisions" in out.stdout
+
+
+# -- refusals on a real speculative launch ----------------------------------------
+def _refusal_cases():
+    cases = [
+        (["--speculative-eagle-topk", "2"], {}, "--speculative-eagle-topk 2"),
+        (["--enable-multi-layer-eagle"], {}, "--enable-multi-layer-eagle"),
+        (["--enable-dp-attention", "--dp-size", "2"], {}, "data-parallel attention"),
+        (["--pp-size", "2"], {}, "pipeline parallelism"),
+    ]
+    if VERSION == "0.5.23":
+        cases += [
+            (["--speculative-adaptive"], {}, "--speculative-adaptive"),
+            (
+                ["--speculative-use-rejection-sampling", "--gate-draft-sync", "none"],
+                {},
+                "draft_probs",
+            ),
+            # judged in the scheduler, after the model loaded: the backends
+            # keep no CPU lengths (as FA3 / trtllm_mha do)
+            (
+                ["--gate-draft-sync", "lazy"],
+                {"EAGLE_GATE_CI_NO_CPU_SEQLENS": "1"},
+                "--gate-draft-sync lazy needs SGLang's CPU sequence lengths",
+            ),
+        ]
+    else:
+        cases += [
+            (["--disable-overlap-schedule"], {}, "drop --disable-overlap-schedule")
+        ]
+    return cases
+
+
+@pytest.mark.parametrize(
+    ("flags", "extra_env", "message"),
+    _refusal_cases(),
+    ids=lambda x: " ".join(x) if isinstance(x, list) else None,
+)
+def test_real_speculative_launch_is_refused(
+    spec_models, flags, extra_env, message, tmp_path
+):
+    """``python -m eagle_gate.launch`` with a real EAGLE-3 command line (the
+    tiny target, the trained draft, the CPU speculative environment) and one
+    setting the gate does not handle: the launch stops with a message naming
+    it."""
+    target, draft = spec_models
+    port = free_port()
+    args = spec_server_args(target, draft, port, launcher="gate")
+    if "--speculative-eagle-topk" in flags:  # replace, do not repeat, the flag
+        at = args.index("--speculative-eagle-topk")
+        del args[at : at + 2]
+    env = spec_server_env(launcher="gate", **extra_env)
+    out = subprocess.run(
+        args + flags, env=env, capture_output=True, text=True, timeout=400
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-3000:]
+    assert message in text, text[-3000:]
