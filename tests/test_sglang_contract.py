@@ -196,9 +196,10 @@ def test_rejection_sampling_needs_eager_draft_sync(adapter, draft_sync):
 
 @ON_0_5_23_ONLY
 def test_lazy_sync_is_refused_where_sglang_keeps_no_cpu_lengths(adapter):
-    """0.5.23 skips the CPU copy of the sequence lengths when no attention
-    backend needs it (FA3, trtllm_mha); lazy sync keeps its bookkeeping from
-    those lengths, so the scheduler refuses it at start, naming the backend."""
+    """0.5.23's overlap scheduler skips the CPU copy of the sequence lengths
+    when no attention backend needs it (Triton, FA3, trtllm_mha); lazy sync
+    keeps its bookkeeping from those lengths, so the scheduler refuses it at
+    start, naming the backend. Without overlap the batch keeps its own."""
     import types
 
     from eagle_gate.config import GateConfig
@@ -207,6 +208,7 @@ def test_lazy_sync_is_refused_where_sglang_keeps_no_cpu_lengths(adapter):
         needs_cpu_seq_lens = False
 
     scheduler = types.SimpleNamespace(
+        enable_overlap=True,
         future_map=types.SimpleNamespace(needs_cpu_seq_lens=False),
         tp_worker=types.SimpleNamespace(
             model_runner=types.SimpleNamespace(attn_backend=FlashAttentionBackend())
@@ -215,5 +217,8 @@ def test_lazy_sync_is_refused_where_sglang_keeps_no_cpu_lengths(adapter):
     with pytest.raises(adapters.GateRefused, match="FlashAttentionBackend"):
         adapter.check_scheduler(scheduler, GateConfig("never", draft_sync="lazy"))
     adapter.check_scheduler(scheduler, GateConfig("never", draft_sync="eager"))
+    scheduler.enable_overlap = False
+    adapter.check_scheduler(scheduler, GateConfig("never", draft_sync="lazy"))
+    scheduler.enable_overlap = True
     scheduler.future_map.needs_cpu_seq_lens = True
     adapter.check_scheduler(scheduler, GateConfig("never", draft_sync="lazy"))

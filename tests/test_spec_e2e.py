@@ -60,8 +60,10 @@ class Config:
 
     draft_sync: str
     overlap: bool = True
-    #: 0.5.23 only: run as FA3/trtllm do, without CPU sequence lengths.
-    cpu_seq_lens: bool = True
+    #: 0.5.23 with overlap: whether the scheduler keeps CPU sequence lengths.
+    #: None: SGLang decides (Triton, the CPU backend, declares it needs none,
+    #: as FA3 and trtllm_mha do); True: as with FlashInfer (CI switch).
+    cpu_seq_lens: bool | None = None
     #: run the draft-state measurement (PLAIN stretches of 1..16 steps).
     draft_state: bool = True
     #: run the operational checks (goodput, threshold, metrics, replay, ...).
@@ -70,21 +72,26 @@ class Config:
     @property
     def id(self) -> str:
         parts = [self.draft_sync, "overlap" if self.overlap else "sync"]
-        if not self.cpu_seq_lens:
-            parts.append("no-cpu-lens")
+        if self.cpu_seq_lens is not None:
+            parts.append("cpu-lens" if self.cpu_seq_lens else "no-cpu-lens")
         return "-".join(parts)
 
 
-CONFIGS = [
-    Config("eager", operations=True),
-    Config("lazy"),
-    Config("none"),
-]
-if VERSION == "0.5.23":  # 0.5.9 speculates (spec v2) with overlap on only
-    CONFIGS += [
+if VERSION == "0.5.23":
+    # Under overlap, 0.5.23 keeps CPU sequence lengths only where an attention
+    # backend asks for them. Triton does not (nor FA3, trtllm_mha: the GPU
+    # defaults), so the default servers here run without them; lazy sync
+    # needs them (it is refused without), so it runs as with FlashInfer, and
+    # eager runs that way too. Overlap off keeps them on the batch.
+    CONFIGS = [
+        Config("eager", operations=True),
+        Config("lazy", cpu_seq_lens=True),
+        Config("none"),
         Config("eager", overlap=False, draft_state=False),
-        Config("eager", cpu_seq_lens=False, draft_state=False),
+        Config("eager", cpu_seq_lens=True, draft_state=False),
     ]
+else:  # 0.5.9 speculates (spec v2) with overlap on only, CPU lengths always
+    CONFIGS = [Config("eager", operations=True), Config("lazy"), Config("none")]
 
 # -- the requests, and what a server without speculation answers ---------------
 SINGLE = ("Once upon a time the tiny model", 16)
@@ -197,8 +204,8 @@ def gated(request, spec_models, test_plugins, tmp_path_factory):
         "SGLANG_IS_IN_CI": "1",
         "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
     }
-    if not config.cpu_seq_lens:
-        extra["EAGLE_GATE_CI_NO_CPU_SEQLENS"] = "1"
+    if config.cpu_seq_lens is not None:
+        extra["EAGLE_GATE_CI_CPU_SEQLENS"] = "1" if config.cpu_seq_lens else "0"
     env = with_pythonpath(
         spec_server_env(launcher="gate", overlap=config.overlap, **extra), test_plugins
     )
@@ -404,8 +411,9 @@ def operations_only(gated):
 def test_threshold_and_goodput_decide_on_a_live_server(reference, gated):
     """threshold switches as the batch shrinks; goodput is switched on at
     runtime while requests are in flight; outputs stay identical."""
-    if not gated.config.operations and gated.config.cpu_seq_lens:
-        pytest.skip(f"{gated.config.id}: runs in the operations server")
+    config = gated.config
+    if not (config.operations or (config.cpu_seq_lens and not config.draft_state)):
+        pytest.skip(f"{config.id}: runs in the operations server and eager-cpu-lens")
     before = scheduler_status(gated.base_url, settle_s=0)
     set_policy(
         gated.base_url, "threshold", plain_above=2, spec_at_or_below=2,
@@ -498,11 +506,11 @@ def _refusal_cases():
                 {},
                 "draft_probs",
             ),
-            # judged in the scheduler, after the model loaded: the backends
-            # keep no CPU lengths (as FA3 / trtllm_mha do)
+            # judged in the scheduler, after the model loaded: under overlap
+            # Triton keeps no CPU lengths (nor do FA3 / trtllm_mha)
             (
                 ["--gate-draft-sync", "lazy"],
-                {"EAGLE_GATE_CI_NO_CPU_SEQLENS": "1"},
+                {},
                 "--gate-draft-sync lazy needs SGLang's CPU sequence lengths",
             ),
         ]

@@ -19,8 +19,12 @@ says what it replaces and why it is exact. Test-only switches, off by default:
 
 * ``EAGLE_GATE_CI_FORCE_OVERLAP=1`` (0.5.23): keep the overlap scheduler on
   for speculation on CPU (SGLang turns it off there by itself).
-* ``EAGLE_GATE_CI_NO_CPU_SEQLENS=1`` (0.5.23): the FutureMap does not publish
-  host sequence lengths, as with the FA3 / trtllm_mha backends on GPU.
+* ``EAGLE_GATE_CI_CPU_SEQLENS=1`` or ``0`` (0.5.23): whether the overlap
+  scheduler's FutureMap publishes host sequence lengths. SGLang decides it from
+  the attention backends' ``needs_cpu_seq_lens``: Triton (the CPU speculative
+  backend), FA3 and trtllm_mha declare False, FlashInfer and most others True.
+  ``1`` makes the scheduler run as with FlashInfer, ``0`` as with FA3; unset,
+  SGLang's own decision stands.
 
 Every stand-in counts its calls per process (``calls()``); with
 ``EAGLE_GATE_CI_SPEC_LOG=1`` the first call of each, and every patch applied,
@@ -40,7 +44,9 @@ import sys
 ENABLED = os.environ.get("EAGLE_GATE_CI_SPEC") == "1"
 LOG = os.environ.get("EAGLE_GATE_CI_SPEC_LOG") == "1"
 FORCE_OVERLAP = os.environ.get("EAGLE_GATE_CI_FORCE_OVERLAP") == "1"
-NO_CPU_SEQLENS = os.environ.get("EAGLE_GATE_CI_NO_CPU_SEQLENS") == "1"
+CPU_SEQLENS = {"1": True, "0": False}.get(
+    os.environ.get("EAGLE_GATE_CI_CPU_SEQLENS", "")
+)
 
 STUB_MARK = "eagle-gate-cpu-stub"  # in the stand-in sgl_kernel's __version__
 PREFIX = "[eagle_gate_ci_spec]"
@@ -451,26 +457,28 @@ def _patch_speculative_hook(mod):
     _applied("speculative_hook._disable_overlap_schedule_for_cpu -> no-op")
 
 
-def _no_cpu_seq_lens(attn_backends):
-    """Test switch EAGLE_GATE_CI_NO_CPU_SEQLENS: no host seq lens in the FutureMap.
+def _decide_cpu_seq_lens(attn_backends):
+    """Test switch EAGLE_GATE_CI_CPU_SEQLENS: host seq lens in the FutureMap, or not.
 
-    Replaces ``decide_needs_cpu_seq_lens`` so the scheduler behaves as it does
-    with backends that declare ``needs_cpu_seq_lens = False`` (FA3, trtllm_mha
-    on GPU): the FutureMap does not publish seq_lens_cpu.
+    Replaces ``decide_needs_cpu_seq_lens`` (an OR over the attention backends'
+    declared ``needs_cpu_seq_lens``) with the answer the scheduler gets from
+    other backends on GPU: True as with FlashInfer (the FutureMap then copies
+    seq_lens to the host on every resolve), False as with FA3 / trtllm_mha
+    (seq_lens_cpu and seq_lens_sum stay None). Both branches are SGLang's own.
     """
-    _count("decide_needs_cpu_seq_lens(False)")
-    return False
+    _count(f"decide_needs_cpu_seq_lens({CPU_SEQLENS})")
+    return CPU_SEQLENS
 
 
 def _patch_overlap_utils(mod):
-    mod.decide_needs_cpu_seq_lens = _no_cpu_seq_lens
-    _applied("overlap_utils.decide_needs_cpu_seq_lens -> False")
+    mod.decide_needs_cpu_seq_lens = _decide_cpu_seq_lens
+    _applied(f"overlap_utils.decide_needs_cpu_seq_lens -> {CPU_SEQLENS}")
 
 
 def _patch_scheduler(mod):
     # scheduler.py binds the name at import and calls it in init_overlap().
-    mod.decide_needs_cpu_seq_lens = _no_cpu_seq_lens
-    _applied("scheduler.decide_needs_cpu_seq_lens -> False")
+    mod.decide_needs_cpu_seq_lens = _decide_cpu_seq_lens
+    _applied(f"scheduler.decide_needs_cpu_seq_lens -> {CPU_SEQLENS}")
 
 
 def _hooks_0_5_23() -> dict:
@@ -481,7 +489,7 @@ def _hooks_0_5_23() -> dict:
     }
     if FORCE_OVERLAP:
         hooks["sglang.srt.arg_groups.speculative_hook"] = _patch_speculative_hook
-    if NO_CPU_SEQLENS:
+    if CPU_SEQLENS is not None:
         hooks["sglang.srt.managers.overlap_utils"] = _patch_overlap_utils
         hooks["sglang.srt.managers.scheduler"] = _patch_scheduler
     return hooks

@@ -140,20 +140,24 @@ def _resolved(server_args: Any, name: str) -> Any:
 
 def check_scheduler(scheduler: Any, config: Any) -> None:
     """Refusals that need the built scheduler: lazy draft sync keeps its
-    bookkeeping from SGLang's CPU sequence lengths, which 0.5.23 does not keep
-    when no attention backend needs them (FA3, trtllm_mha)."""
+    bookkeeping from SGLang's CPU sequence lengths, which 0.5.23's overlap
+    scheduler does not keep when no attention backend needs them (Triton, FA3,
+    trtllm_mha declare ``needs_cpu_seq_lens = False``; FlashInfer does not).
+    Without overlap the scheduler keeps them on the batch itself."""
     future_map = getattr(scheduler, "future_map", None)
     if (
         config.plain_step
         and config.draft_sync == "lazy"
+        and getattr(scheduler, "enable_overlap", True)
         and getattr(future_map, "needs_cpu_seq_lens", True) is False
     ):
         backend = type(scheduler.tp_worker.model_runner.attn_backend).__name__
         raise GateRefused(
             "--gate-draft-sync lazy needs SGLang's CPU sequence lengths, and this "
-            f"server's attention backends ({backend}) run without them (SGLang "
-            "skips that copy for FA3 and trtllm_mha); use --gate-draft-sync eager "
-            "(the default) or none"
+            f"server's attention backends ({backend}) run without them under the "
+            "overlap scheduler (SGLang skips that copy for Triton, FA3 and "
+            "trtllm_mha); use --gate-draft-sync eager (the default) or none, or "
+            "an attention backend that keeps them (FlashInfer)"
         )
 
 
