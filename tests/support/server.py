@@ -73,6 +73,11 @@ def cpu_server_args(
         "0",
         "--log-level",
         "info",
+        # An idle scheduler polls its sockets in a busy loop (a whole core);
+        # tests run up to three servers at once on two cores. SGLang's own
+        # switch makes it wait on the sockets instead (it wakes at once on a
+        # request) after its idle checks, the memory check included.
+        "--sleep-on-idle",
     ]
 
 
