@@ -26,6 +26,7 @@ from eagle_gate.plugins import get_policy_factory
 from eagle_gate.policy import Mode
 from eagle_gate.runtime import RING_SIZE, GateRuntime, Overrides
 from eagle_gate.status import aggregate, read_status
+from eagle_gate.statusdir import ENV_LAUNCH, start_launch
 
 
 class Fixed:
@@ -432,23 +433,33 @@ def http_env(tmp_path, monkeypatch):
     monkeypatch.setenv(
         ENV_RESOLVED, GateConfig("threshold", {}, status_dir=str(tmp_path)).to_json()
     )
+    env: dict = {}
+    start_launch(str(tmp_path), env)  # as the launcher does
+    monkeypatch.setenv(ENV_LAUNCH, env[ENV_LAUNCH])
     return tmp_path
+
+
+JSON = {"Content-Type": "application/json"}
 
 
 def test_control_handler_rules(http_env):
     from eagle_gate import http_api
 
-    code, reply = http_api.handle_change({"policy": "never"}, "192.0.2.7")
+    code, reply = http_api.handle_change({"policy": "never"}, "192.0.2.7", JSON)
     assert code == 403 and "loopback" in reply["error"]
-    code, reply = http_api.handle_change({"policy": "turbo"}, "127.0.0.1")
+    code, reply = http_api.handle_change({"policy": "turbo"}, "127.0.0.1", JSON)
     assert code == 400 and "unknown policy 'turbo'" in reply["error"]
     assert read_request(http_env) is None
-    code, reply = http_api.handle_change({"policy": "never"}, "::1")
+    code, reply = http_api.handle_change({"policy": "never"}, "127.0.0.1")
+    assert code == 415 and "application/json" in reply["error"]
+    code, reply = http_api.handle_change({"policy": "never"}, "::1", JSON)
     assert code == 202 and reply["version"] == 1
     assert http_api.current_config().policy == "never"
     # settings of a later change merge over the last requested configuration
-    code, reply = http_api.handle_change({"policy": "threshold"}, "127.0.0.1")
-    code, reply = http_api.handle_change({"settings": {"plain_above": 9}}, "127.0.0.1")
+    code, reply = http_api.handle_change({"policy": "threshold"}, "127.0.0.1", JSON)
+    code, reply = http_api.handle_change(
+        {"settings": {"plain_above": 9}}, "127.0.0.1", JSON
+    )
     assert reply["version"] == 3 and reply["settings"]["plain_above"] == 9
 
 
@@ -456,7 +467,10 @@ def test_control_handler_defers_to_sglangs_key_check(http_env, monkeypatch):
     from eagle_gate import http_api
 
     monkeypatch.setattr(http_api, "configured_keys", lambda: ("k", None))
-    assert http_api.handle_change({"policy": "never"}, "192.0.2.7")[0] == 202
+    assert http_api.handle_change({"policy": "never"}, "192.0.2.7", JSON)[0] == 202
+    # with a key, a web page needs the key: its Origin alone is no reason to refuse
+    headers = {**JSON, "Origin": "http://dashboard.example"}
+    assert http_api.handle_change({"policy": "never"}, "192.0.2.7", headers)[0] == 202
 
 
 def test_cli_status_from_a_directory(tmp_path):

@@ -3,9 +3,10 @@ and change its policy at runtime.
 
 ``eagle-gate status --url http://HOST:PORT`` reads ``GET /eagle_gate/status``
 from the server; ``--pid`` / ``--status-dir`` read the scheduler status files
-directly (same machine). The exit status is 0 when every scheduler is alive,
-all ranks agree on policy, settings and configuration version, and the gate is
-not degraded; 1 otherwise.
+directly (same machine; only a private directory of this user is read, and
+only the records of its current launch). The exit status is 0 when every
+scheduler is alive and its record fresh, all ranks agree on policy, settings
+and configuration version, and the gate is not degraded; 1 otherwise.
 
 ``eagle-gate set-policy --url URL [--policy NAME] [--set KEY=VALUE ...]`` posts
 a runtime change (``POST /eagle_gate/policy``). ``--api-key`` (or the
@@ -18,11 +19,11 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
-from eagle_gate.runtime import default_status_dir
 from eagle_gate.status import aggregate, read_status
 
 STATUS_PATH = "/eagle_gate/status"
@@ -119,14 +120,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"eagle-gate: HTTP {code} from {args.url}", file=sys.stderr)
             return 1
         return 0 if view.get("ok") else 1
-    directory = args.status_dir or default_status_dir(args.pid)
-    records = read_status(directory)
-    from eagle_gate.control import read_request
+    return _status_from_directory(args.status_dir, args.pid)
 
-    view = aggregate(directory, records, read_request(directory))
+
+def _status_from_directory(path: str | None, pid: int | None) -> int:
+    """``status --status-dir`` / ``--pid``: read the files of the directory's
+    current launch (``launch.json``), as strictly as the server does."""
+    from eagle_gate.control import read_request
+    from eagle_gate.statusdir import StatusDir, find_status_dir, read_launch_file
+
+    if path is None:
+        found = find_status_dir(int(pid or 0))
+        if found is None:
+            print(
+                f"eagle-gate: no status directory of server pid {pid} of yours in "
+                f"{tempfile.gettempdir()} (a server started with --gate-status-dir "
+                "DIR: use --status-dir DIR)",
+                file=sys.stderr,
+            )
+            return 1
+        path = str(found)
+    directory = StatusDir(path)
+    try:
+        launch = read_launch_file(directory)
+        launch_id = launch["launch_id"] if launch else None
+        records = read_status(directory, launch_id)
+        view = aggregate(path, records, read_request(directory, launch_id))
+    except (OSError, ValueError) as exc:
+        print(f"eagle-gate: cannot read {path}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        directory.close()
+    view["launch"] = launch
     print(json.dumps(view, indent=1))
     if not records:
-        print(f"eagle-gate: no scheduler status in {directory}", file=sys.stderr)
+        print(f"eagle-gate: no scheduler status in {path}", file=sys.stderr)
         return 1
     return 0 if view["ok"] else 1
 

@@ -171,6 +171,11 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r} does not exist") from None
     except OSError as exc:
         raise ConfigError(f"config file {str(p)!r} cannot be read: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {str(p)!r} is not UTF-8 text (byte {exc.start}); TOML "
+            "files are UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         # tomllib's message ends with "(at line L, column C)".
         raise ConfigError(f"config file {str(p)!r} does not parse: {exc}") from None
@@ -187,6 +192,13 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if "settings" in data and not isinstance(data["settings"], dict):
         raise ConfigError(
             f"config file {str(p)!r}: [settings] must be a table of KEY = VALUE"
+        )
+    if "status_dir" in data and (
+        not isinstance(data["status_dir"], str) or not data["status_dir"]
+    ):
+        raise ConfigError(
+            f"config file {str(p)!r}: 'status_dir' must be a path, got "
+            f"{data['status_dir']!r}"
         )
     return data
 
@@ -239,12 +251,14 @@ def resolve_config(
     raw.update(parse_assignments(_split_env_set(env.get(ENV_SET, "")), ENV_SET))
     raw.update(parse_assignments(cli_sets, "--gate-set"))
 
+    where = f" (config file {config_path!r})" if config_path else ""
     try:
         factory = get_policy_factory(policy)
         values = validate_settings(policy, factory.settings, raw)
     except (LookupError, SettingsError) as exc:
-        where = f" (config file {config_path!r})" if config_path else ""
         raise ConfigError(f"{exc.args[0]}{where}") from None
+    except Exception as exc:  # a broken plugin (PluginError) or worse
+        raise ConfigError(f"policy {policy!r} is not available: {exc}") from None
     config = GateConfig(
         policy=policy,
         settings=values,
@@ -253,7 +267,14 @@ def resolve_config(
         plain_step=plain_step,
         lazy_max_mib=lazy_max_mib,
     )
-    config.create_policy()
+    try:
+        config.create_policy()
+    except ConfigError:
+        raise
+    except Exception as exc:  # the constructor refused, however it says so
+        raise ConfigError(
+            f"policy {policy!r} cannot be built with {values}: {exc}{where}"
+        ) from None
     return config
 
 

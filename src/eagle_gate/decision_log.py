@@ -43,6 +43,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -163,6 +164,19 @@ class DecisionLog:
         self._pending.append(("s", self._clock(), fields))
 
     # -- off the hot path ------------------------------------------------------
+    def _open(self):
+        """The log file for appending: never through a symlink someone planted
+        (``O_NOFOLLOW``), created 0600, and only a regular file of this user."""
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.path, flags, 0o600)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            os.close(fd)
+            raise PermissionError(
+                f"{self.path} is not a regular file of this user; not writing to it"
+            )
+        return os.fdopen(fd, "a", encoding="utf-8")
+
     def _format(self, rec: tuple) -> dict[str, Any]:
         kind = rec[0]
         if kind == "d":
@@ -235,7 +249,7 @@ class DecisionLog:
                 )
             if not lines:
                 return 0
-            with open(self.path, "a", encoding="utf-8") as f:
+            with self._open() as f:
                 f.write("\n".join(lines) + "\n")
             self.written += len(lines)
             return len(lines)

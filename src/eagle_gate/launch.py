@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 from eagle_gate import adapters
 from eagle_gate.config import ENV_RESOLVED, ConfigError, GateConfig, resolve_config
+from eagle_gate.ops import check_environment
+from eagle_gate.statusdir import start_launch
 
 logger = logging.getLogger("eagle_gate")
 
@@ -46,7 +48,10 @@ def add_gate_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup
         "--gate-status-dir",
         metavar="DIR",
         help="where each scheduler process writes its gate status "
-        "(env EAGLE_GATE_STATUS_DIR; default $TMPDIR/eagle_gate-<server pid>)",
+        "(env EAGLE_GATE_STATUS_DIR; created with mode 0700, or an existing "
+        "private directory of yours; default a fresh private "
+        "$TMPDIR/eagle_gate-<server pid>-XXXXXXXX). Files of a previous run "
+        "there are removed at launch",
     )
     parser.add_argument(
         "--gate-draft-sync",
@@ -133,7 +138,8 @@ def speculative_flags(argv: Sequence[str]) -> argparse.Namespace:
 def prepare(argv: Sequence[str], environ: dict | None = None):
     """Everything up to SGLang's own argument parsing: adapter, config, env.
 
-    Returns ``(adapter, config, sglang_argv)``. Raises ConfigError,
+    Returns ``(adapter, config, sglang_argv)``. Raises ConfigError (also for
+    an ops tunable that is not allowed, or an unsafe status directory),
     adapters.UnsupportedSGLang on bad input.
     """
     env = os.environ if environ is None else environ
@@ -154,6 +160,7 @@ def prepare(argv: Sequence[str], environ: dict | None = None):
         cli_lazy_max_mib=gate_args.gate_lazy_max_mib,
         environ=env,
     )
+    check_environment(env)
     env[ENV_RESOLVED] = config.to_json()
     if gate_args.gate_decision_log:
         from eagle_gate.decision_log import ENV_DECISION_LOG
@@ -172,6 +179,9 @@ def prepare(argv: Sequence[str], environ: dict | None = None):
         logger.info("eagle_gate: adding eagle_gate to SGLANG_PLUGINS=%s", plugins)
         env["SGLANG_PLUGINS"] = plugins + ",eagle_gate"
     adapter.check_server_args(flags, environ=env, draft_sync=_draft_sync(config))
+    # Last, once nothing else can refuse: this launch's private status
+    # directory, cleared of a previous run's files, exported to every process.
+    start_launch(config.status_dir, env)
     return adapter, config, rest
 
 

@@ -14,7 +14,15 @@ every ``tick_every`` steps (:class:`eagle_gate.control.ControlAgreement`).
 When the gate is idle (no speculation: nothing asks the policy) the thread
 applies a change as soon as it sees it.
 
-Tunables (environment of the server; the launcher passes its own on):
+Each stage of a round (idle control, metrics, decision log, status) runs on
+its own: one that fails is counted and logged (first, then every 1000th), and
+the others, the status record above all, still happen. The record says when it
+was written (``updated_at``) and how often it should be (``ops.interval_s``),
+so a dead or hung thread shows as ``stale`` in the status.
+
+Tunables (environment of the server; the launcher passes its own on, and
+refuses a launch whose values are not allowed, naming the variable; a
+scheduler that still meets one logs it and uses the default):
 
 * ``EAGLE_GATE_OPS_INTERVAL_S`` (1.0): the thread's period;
 * ``EAGLE_GATE_CONTROL_EVERY`` (64): control check period in decode steps
@@ -28,28 +36,82 @@ Tunables (environment of the server; the launcher passes its own on):
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagle_gate.config import ConfigError
 from eagle_gate.control import ControlAgreement, ControlFile, config_from_request
 from eagle_gate.status import write_process_status
+from eagle_gate.statusdir import StatusDir, as_status_dir
 
 logger = logging.getLogger("eagle_gate")
 
-__all__ = ["OpsSettings", "OpsService"]
+__all__ = ["OpsSettings", "OpsService", "ENVIRONMENT", "check_environment"]
 
 
-def _num(env: Mapping[str, str], name: str, default: float) -> float:
+@dataclass(frozen=True)
+class _Var:
+    integer: bool
+    default: float
+    minimum: float
+    maximum: float
+
+    def allowed(self) -> str:
+        kind = "an integer" if self.integer else "a finite number"
+        lo = int(self.minimum) if self.integer else self.minimum
+        hi = int(self.maximum) if self.integer else self.maximum
+        return f"{kind} in [{lo}, {hi}]"
+
+    def parse(self, name: str, text: str) -> float:
+        """The value of ``text``; ConfigError naming the variable if not allowed."""
+        try:
+            value: float = int(text.strip(), 10) if self.integer else float(text)
+        except (ValueError, OverflowError):
+            value = math.nan
+        if not (math.isfinite(value) and self.minimum <= value <= self.maximum):
+            raise ConfigError(
+                f"{name}: value {text!r} is not allowed; expected {self.allowed()}"
+            )
+        return value
+
+
+#: the ops tunables read from the environment, and what each allows.
+ENVIRONMENT: dict[str, _Var] = {
+    "EAGLE_GATE_OPS_INTERVAL_S": _Var(False, 1.0, 0.05, 3600.0),
+    "EAGLE_GATE_CONTROL_EVERY": _Var(True, 64, 1, 1 << 20),
+    "EAGLE_GATE_DECIDE_BUDGET_US": _Var(False, 1000.0, 0.0, 1e9),
+    "EAGLE_GATE_PLAIN_FAILURES_TO_DEGRADE": _Var(True, 3, 1, 1_000_000),
+    "EAGLE_GATE_DECISION_LOG_RATE": _Var(True, 200, 1, 1_000_000),
+}
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Refuse (ConfigError naming the variable) any ops tunable in ``environ``
+    that is not allowed: NaN, infinite, not a number, out of range. The
+    launchers call this before SGLang starts, so no scheduler meets one."""
+    env = os.environ if environ is None else environ
+    for name, var in ENVIRONMENT.items():
+        text = env.get(name, "")
+        if text.strip():
+            var.parse(name, text)
+
+
+def _value(env: Mapping[str, str], name: str) -> float:
+    var = ENVIRONMENT[name]
+    text = env.get(name, "")
+    if not text.strip():
+        return var.default
     try:
-        return float(env.get(name, "") or default)
-    except ValueError:
-        logger.warning("eagle_gate: ignoring %s=%r (not a number)", name, env[name])
-        return default
+        return var.parse(name, text)
+    except ConfigError as exc:
+        logger.warning("eagle_gate: %s; using %s", exc, var.default)
+        return var.default
 
 
 @dataclass(frozen=True)
@@ -60,27 +122,41 @@ class OpsSettings:
     plain_failures_to_degrade: int = 3
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str] | None = None):
+    def from_environment(
+        cls, environ: Mapping[str, str] | None = None, *, strict: bool = False
+    ) -> OpsSettings:
+        """The settings in ``environ``. ``strict``: raise ConfigError naming a
+        variable that is not allowed; otherwise log it and use its default
+        (a scheduler never fails to start over a tunable)."""
         env = os.environ if environ is None else environ
-        every = max(1, int(_num(env, "EAGLE_GATE_CONTROL_EVERY", 64)))
+        if strict:
+            check_environment(env)
+        every = int(_value(env, "EAGLE_GATE_CONTROL_EVERY"))
         return cls(
-            interval_s=max(0.05, _num(env, "EAGLE_GATE_OPS_INTERVAL_S", 1.0)),
+            interval_s=_value(env, "EAGLE_GATE_OPS_INTERVAL_S"),
             tick_every=1 << (every - 1).bit_length(),
-            decide_budget_s=max(0.0, _num(env, "EAGLE_GATE_DECIDE_BUDGET_US", 1000))
-            * 1e-6,
-            plain_failures_to_degrade=max(
-                1, int(_num(env, "EAGLE_GATE_PLAIN_FAILURES_TO_DEGRADE", 3))
+            decide_budget_s=_value(env, "EAGLE_GATE_DECIDE_BUDGET_US") * 1e-6,
+            plain_failures_to_degrade=int(
+                _value(env, "EAGLE_GATE_PLAIN_FAILURES_TO_DEGRADE")
             ),
         )
 
 
+#: the stages of one round, in order.
+STAGES = ("control", "metrics", "decision_log", "status")
+
+
 class OpsService:
-    """Status file, metrics export, decision log and (idle) control."""
+    """Status file, metrics export, decision log and (idle) control.
+
+    Construction does nothing that can fail (the status directory is opened
+    and checked on first use), so setting it up never stops a scheduler.
+    """
 
     def __init__(
         self,
         runtime: Any,
-        status_dir: str | os.PathLike[str],
+        status_dir: StatusDir | str | os.PathLike[str],
         extra: dict[str, Any],
         *,
         gated: bool,
@@ -89,16 +165,26 @@ class OpsService:
         control_broadcast: Any = None,
         control_source: bool = True,
         control_available: bool = True,
+        launch_id: str | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.runtime = runtime
-        self.status_dir = Path(status_dir)
+        self.directory = as_status_dir(status_dir)
+        self.status_dir = self.directory.path
         self.extra = dict(extra)
+        if launch_id is not None:
+            self.extra["launch_id"] = launch_id
         self.gated = gated
         self.settings = settings
         self.metrics = metrics
-        self.control = ControlFile(status_dir)
+        # A descriptor of its own: the hot path polls control (gating) while
+        # this thread writes status, and each may have to reopen its own.
+        self.control = ControlFile(StatusDir(self.directory.path), launch_id)
         self.control_available = control_available
-        self.errors = 0
+        self._clock = clock
+        #: failures per stage, and the last one's message.
+        self.stage_errors = dict.fromkeys(STAGES, 0)
+        self.last_errors: dict[str, str] = {}
         self.status_path: Path | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -109,6 +195,10 @@ class OpsService:
                 is_source=control_source,
                 broadcast=control_broadcast,
             )
+
+    @property
+    def errors(self) -> int:
+        return sum(self.stage_errors.values())
 
     # -- one round of work -------------------------------------------------------
     def record(self) -> dict[str, Any]:
@@ -121,7 +211,12 @@ class OpsService:
             gated=self.gated,
             # errors of the gate's own logic (the step ran SGLang's stock path)
             internal_errors=ACTIVE.internal_errors,
-            updated_at=time.time(),
+            updated_at=self._clock(),
+            ops={
+                "interval_s": self.settings.interval_s,
+                "errors": dict(self.stage_errors),
+                "last_errors": dict(self.last_errors),
+            },
             control={
                 "available": self.control_available,
                 "applies": (
@@ -140,7 +235,7 @@ class OpsService:
         return record
 
     def write_status(self) -> Path:
-        self.status_path = write_process_status(self.status_dir, self.record())
+        self.status_path = write_process_status(self.directory, self.record())
         return self.status_path
 
     def _apply_idle_control(self) -> None:
@@ -149,16 +244,43 @@ class OpsService:
         if version > rt.config_version and text:
             rt.apply_config(config_from_request(text, rt.config), version)
 
+    def _export_metrics(self) -> None:
+        self.metrics.export(self.runtime)
+
+    def _flush_log(self) -> None:
+        self.runtime.decision_log.flush()
+
+    def record_failure(self, stage: str, exc: Exception) -> None:
+        """Count and log a failed stage (first, then every 1000th)."""
+        n = self.stage_errors[stage] = self.stage_errors[stage] + 1
+        self.last_errors[stage] = f"{type(exc).__name__}: {exc}"[:500]
+        if n == 1 or n % 1000 == 0:
+            logger.error(
+                "eagle_gate: the %s step of the ops thread failed (%d so far): %r; "
+                "decoding is not affected",
+                stage,
+                n,
+                exc,
+                exc_info=exc,
+            )
+
     def run_once(self) -> None:
-        """Everything the thread does per period (also called by tests)."""
+        """Everything the thread does per period (also called by tests). Each
+        stage runs whatever the others did; none raises out of here."""
         rt = self.runtime
+        stages: list[tuple[str, Callable[[], Any]]] = []
         if not self.gated and self.control_available:
-            self._apply_idle_control()
+            stages.append(("control", self._apply_idle_control))
         if self.metrics is not None:
-            self.metrics.export(rt)
+            stages.append(("metrics", self._export_metrics))
         if rt.decision_log is not None:
-            rt.decision_log.flush()
-        self.write_status()
+            stages.append(("decision_log", self._flush_log))
+        stages.append(("status", self.write_status))
+        for stage, fn in stages:
+            try:
+                fn()
+            except Exception as exc:
+                self.record_failure(stage, exc)
 
     # -- the thread ----------------------------------------------------------------
     def start(self) -> None:
@@ -177,13 +299,4 @@ class OpsService:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.settings.interval_s):
-            try:
-                self.run_once()
-            except Exception:
-                self.errors += 1
-                if self.errors == 1 or self.errors % 1000 == 0:
-                    logger.exception(
-                        "eagle_gate: status/metrics update failed (%d so far); "
-                        "decoding is not affected",
-                        self.errors,
-                    )
+            self.run_once()

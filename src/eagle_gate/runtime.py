@@ -95,7 +95,10 @@ def policy_estimates(policy: Any) -> dict[str, float]:
         for key, value in raw.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue
-            out[str(key)] = float(value)
+            value = float(value)
+            if value != value or value in (float("inf"), float("-inf")):
+                continue  # NaN / infinity: not JSON, not a useful estimate
+            out[str(key)] = value
         return out
     except Exception:
         return {}

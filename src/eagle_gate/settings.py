@@ -8,12 +8,14 @@ strings (``--gate-set KEY=VALUE``, environment) or as TOML values (config file);
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Setting", "SettingsError", "validate_settings", "describe_setting"]
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -48,8 +50,20 @@ class Setting:
         return text
 
     def coerce(self, key: str, raw: Any) -> Any:
-        """Convert ``raw`` (a string or a TOML value) and check its bounds."""
+        """Convert ``raw`` (a string, a TOML or JSON value) and check its bounds.
+
+        NaN and infinities are refused (they pass every ``<``/``>`` bound check
+        and are not JSON), and so are integers outside int64 and numbers too
+        large for a float: every value must survive the trip to each scheduler.
+        """
         value = self._convert(key, raw)
+        if self.type is float and not math.isfinite(value):
+            raise self._error(key, raw)
+        if self.type is int and not _INT64_MIN <= value <= _INT64_MAX:
+            raise SettingsError(
+                f"setting {key!r}: value {_shown(raw)} is not allowed; expected "
+                f"{self.allowed()} (and within 64-bit integers)"
+            )
         if self.choices is not None and value not in self.choices:
             raise self._error(key, raw)
         if self.minimum is not None and value < self.minimum:
@@ -79,13 +93,13 @@ class Setting:
         if self.type is float:
             if isinstance(raw, bool):
                 raise self._error(key, raw)
-            if isinstance(raw, (int, float)):
-                return float(raw)
-            if isinstance(raw, str):
-                try:
+            try:
+                if isinstance(raw, (int, float)):
+                    return float(raw)
+                if isinstance(raw, str):
                     return float(raw.strip())
-                except ValueError:
-                    raise self._error(key, raw) from None
+            except (ValueError, OverflowError):
+                raise self._error(key, raw) from None
             raise self._error(key, raw)
         if self.type is str:
             if isinstance(raw, str):
@@ -95,8 +109,15 @@ class Setting:
 
     def _error(self, key: str, raw: Any) -> SettingsError:
         return SettingsError(
-            f"setting {key!r}: value {raw!r} is not allowed; expected {self.allowed()}"
+            f"setting {key!r}: value {_shown(raw)} is not allowed; expected "
+            f"{self.allowed()}"
         )
+
+
+def _shown(raw: Any) -> str:
+    """``repr(raw)``, shortened (a 400-digit number says nothing more)."""
+    text = repr(raw)
+    return text if len(text) <= 80 else text[:60] + f"...({len(text)} characters)"
 
 
 def describe_setting(name: str, setting: Setting) -> str:

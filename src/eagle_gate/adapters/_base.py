@@ -22,7 +22,7 @@ import wrapt
 from eagle_gate.config import GateConfig, config_from_environment
 from eagle_gate.metrics import GateMetrics, metrics_wanted
 from eagle_gate.policy import Mode
-from eagle_gate.runtime import GateRuntime, default_status_dir
+from eagle_gate.runtime import GateRuntime
 
 logger = logging.getLogger("eagle_gate")
 
@@ -363,10 +363,11 @@ def activate(
         "plain_step": plain_mode,
         "draft_sync": config.draft_sync,
     }
-    status_dir = config.status_dir or str(default_status_dir(os.getppid()))
+    launch, control_id = _scheduler_launch(config)
+    extra.update(launch_id=launch.launch_id, server_pid=launch.server_pid)
     # is_source: reads control requests (gating) and exports metrics.
-    broadcast, is_source, control_ok = None, tp_rank == 0, True
-    if gated and tp_size > 1:
+    broadcast, is_source, control_ok = None, tp_rank == 0, control_id is not None
+    if gated and tp_size > 1 and control_ok:
         try:
             broadcast, is_source = _control_broadcast(control_group)
         except Exception as exc:
@@ -384,7 +385,10 @@ def activate(
             metrics = GateMetrics(runtime, dp_rank=dp_rank, gated=gated)
         except Exception as exc:
             logger.warning("eagle_gate: Prometheus metrics are off: %r", exc)
-    runtime.decision_log = DecisionLog.from_environment()
+    try:
+        runtime.decision_log = DecisionLog.from_environment()
+    except Exception as exc:  # ops never stop a scheduler
+        logger.error("eagle_gate: the decision log is off: %r", exc)
     if runtime.decision_log is not None:
         runtime.decision_log.start(
             {
@@ -399,9 +403,10 @@ def activate(
                 "config_version": 0,
             }
         )
+    # OpsService() cannot fail; it sets the control hook on every rank alike.
     ops = OpsService(
         runtime,
-        status_dir,
+        launch.status_dir,
         extra,
         gated=gated,
         settings=settings,
@@ -409,10 +414,18 @@ def activate(
         control_broadcast=broadcast,
         control_source=is_source,
         control_available=control_ok,
+        launch_id=control_id,
     )
     ACTIVE.ops = ops
-    path = ops.write_status()
-    ops.start()
+    try:
+        path: Any = ops.write_status()
+    except Exception as exc:  # the ops thread retries; decoding goes on
+        ops.record_failure("status", exc)
+        path = f"{launch.status_dir} (not written yet: {exc})"
+    try:
+        ops.start()
+    except Exception as exc:
+        logger.error("eagle_gate: no ops thread (status, metrics): %r", exc)
     logger.info(
         "eagle_gate active in scheduler pid %d (TP %d/%d): SGLang %s, adapter %s, "
         "policy %r %s, state: %s, %s, status: %s",
@@ -428,6 +441,45 @@ def activate(
         path,
     )
     return runtime
+
+
+def _scheduler_launch(config: GateConfig) -> tuple[Any, str | None]:
+    """This scheduler's launch (from its launcher, through the environment)
+    and the launch id control requests must carry (None: control off).
+
+    Without a launch in the environment (SGLang started without the gate's
+    launcher or plugin in the launcher process) the status goes to a private
+    directory of its own, named in the log line, and runtime control is off:
+    no HTTP route would write for this process anyway. Only the environment
+    decides, and it is the same on every TP rank, so control is on for all
+    ranks of a group or for none (one without the other would wait forever in
+    the control broadcast).
+    """
+    from eagle_gate.statusdir import (
+        LaunchInfo,
+        ensure_private_dir,
+        launch_from_environment,
+    )
+
+    launch = launch_from_environment()
+    if launch is not None:
+        return launch, launch.launch_id
+    import tempfile
+
+    try:
+        if config.status_dir:
+            path = str(ensure_private_dir(config.status_dir))
+        else:
+            path = tempfile.mkdtemp(prefix=f"eagle_gate-{os.getppid()}-")
+    except Exception as exc:
+        logger.error("eagle_gate: no status directory: %s", exc)
+        path = os.path.join(tempfile.gettempdir(), "eagle_gate-unavailable")
+    logger.warning(
+        "eagle_gate: no launch in this process's environment (EAGLE_GATE_LAUNCH); "
+        "status in %s, runtime control off",
+        path,
+    )
+    return LaunchInfo("0" * 16, os.getppid(), path), None
 
 
 def _timing_agreement(group: Any):

@@ -322,7 +322,7 @@ def _gate_counters(status_dir: str) -> dict[str, int] | None:
 
     try:
         records = read_status(status_dir)
-    except OSError:
+    except (OSError, ValueError):  # missing or unsafe directory
         return None
     spec = plain = 0
     seen = False
