@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle_gate.statusdir import StatusDir, as_status_dir, finite
+from eagle_gate.statusdir import StatusDir, alive, as_status_dir, finite
 
 __all__ = ["write_process_status", "read_status", "aggregate", "STALE_AFTER_S"]
 
@@ -40,16 +40,6 @@ def write_process_status(
     return as_status_dir(directory).write_json(
         f"scheduler-{os.getpid()}.json", finite(record)
     )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
 
 
 def read_status(
@@ -77,7 +67,7 @@ def read_status(
             continue
         if launch_id is not None and record.get("launch_id") != launch_id:
             continue
-        record["alive"] = _alive(pid)
+        record["alive"] = alive(pid)
         records.append(record)
 
     def rank(r: dict[str, Any]) -> tuple[int, int]:

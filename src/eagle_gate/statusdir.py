@@ -426,7 +426,8 @@ def read_launch_file(directory: StatusDir) -> dict[str, Any] | None:
     return {"launch_id": info.launch_id, "server_pid": info.server_pid, **data}
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one we may not signal counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -459,11 +460,7 @@ def start_launch(
     try:
         directory.fileno()
         previous = read_launch_file(directory)
-        if (
-            previous
-            and previous["server_pid"] != pid
-            and _alive(previous["server_pid"])
-        ):
+        if previous and previous["server_pid"] != pid and alive(previous["server_pid"]):
             logger.warning(
                 "eagle_gate: status directory %s was in use by server pid %d, which "
                 "still runs; this launch takes it over (give each server its own "
