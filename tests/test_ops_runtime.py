@@ -422,6 +422,7 @@ def test_aggregate_flags_disagreement_pending_and_degraded(tmp_path):
         "policy": True,
         "settings": True,
         "config_version": False,
+        "shadow": True,
         "all": False,
     }
     view = aggregate(tmp_path, [a, dict(a, degraded=True)], {"version": 1})

@@ -477,6 +477,66 @@ def test_status_and_metrics_show_both_modes(gated):
     assert float(line.rsplit(" ", 1)[1]) >= 1.0
 
 
+def test_shadow_mode_runs_stock_steps_and_records_what_it_would_run(reference, gated):
+    """Shadow mode switched on at runtime: the policy (``never``) is asked at
+    every step, every step runs SGLang's stock SPEC step (outputs unchanged,
+    no PLAIN step), and status, metrics, the decision log and its replay say
+    what it would have run. Switched off again, PLAIN steps resume."""
+    operations_only(gated)
+    base = gated.base_url
+    before = scheduler_status(base, settle_s=0)
+    version = set_policy(base, "never", shadow=True)
+    result = generate(base, *SINGLE)
+    assert ids(result) == ids(reference["single"])
+    during = scheduler_status(base)
+    assert during["config_version"] == version and during["shadow"] is True
+    assert status(base)["shadow"] is True
+    assert during["steps"]["plain"] == before["steps"]["plain"]
+    assert during["steps"]["spec"] > before["steps"]["spec"]
+    would = during["shadow_totals"]["would_run"]
+    before_would = before["shadow_totals"]["would_run"]
+    assert would["plain"] - before_would["plain"] >= SINGLE[1] // NUM_DRAFT_TOKENS
+    assert would["spec"] == before_would["spec"]  # never: PLAIN, every time
+    assert during["overrides"] == before["overrides"]  # shadow is no override
+    assert {"decided": "plain", "ran": "spec"} in [
+        {"decided": d["decided"], "ran": d["ran"]} for d in during["last_decisions"]
+    ]
+    text = metrics_text(base)
+    assert 'eagle_gate_shadow{dp_rank="0"} 1.0' in text
+    line = next(
+        x
+        for x in text.splitlines()
+        if x.startswith('eagle_gate_shadow_decisions_total{dp_rank="0",mode="plain"}')
+    )
+    assert float(line.rsplit(" ", 1)[1]) >= would["plain"] - before_would["plain"]
+    (path,) = sorted(gated.decision_dir.glob("decisions-*.jsonl"))
+    time.sleep(1.5)  # the ops thread writes the log about once a second
+    shadowed = [
+        r
+        for r in decision_records(gated.decision_dir)
+        if r.get("kind") == "decision" and r.get("override") == "shadow"
+    ]
+    assert shadowed and all(
+        r["decided"] == "plain" and r["ran"] == "spec" for r in shadowed
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "eagle_gate.sim", "replay", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"shadow log: {len(shadowed)} decisions" in out.stdout, out.stdout
+
+    set_policy(base, "never", shadow=False)
+    result = generate(base, *SINGLE)
+    assert ids(result) == ids(reference["single"])
+    after = scheduler_status(base)
+    assert after["shadow"] is False
+    assert after["steps"]["plain"] > during["steps"]["plain"]
+    assert after["shadow_totals"]["would_run"] == would
+
+
 def test_the_decision_log_replays_through_the_simulator(gated):
     operations_only(gated)
     (path,) = sorted(gated.decision_dir.glob("decisions-*.jsonl"))

@@ -5,16 +5,18 @@ Sources, highest precedence first:
 1. command line: ``--gate-policy NAME``, ``--gate-set KEY=VALUE`` (repeatable),
    ``--gate-config FILE.toml``, ``--gate-status-dir DIR``,
    ``--gate-draft-sync eager|lazy|none``, ``--gate-plain-step on|off``,
-   ``--gate-lazy-max-mib N``;
+   ``--gate-lazy-max-mib N``, ``--gate-shadow``;
 2. environment: ``EAGLE_GATE_POLICY``, ``EAGLE_GATE_SET`` ("k=v,k2=v2"),
    ``EAGLE_GATE_CONFIG``, ``EAGLE_GATE_STATUS_DIR``, ``EAGLE_GATE_DRAFT_SYNC``,
-   ``EAGLE_GATE_PLAIN_STEP``, ``EAGLE_GATE_LAZY_MAX_MIB``;
+   ``EAGLE_GATE_PLAIN_STEP``, ``EAGLE_GATE_LAZY_MAX_MIB``,
+   ``EAGLE_GATE_SHADOW`` (on/off);
 3. the TOML config file (from 1 or 2)::
 
        policy = "threshold"
        status_dir = "/run/eagle_gate"
        draft_sync = "eager"
        plain_step = true
+       shadow = false
 
        [settings]
        plain_above = 16
@@ -69,6 +71,7 @@ ENV_RESOLVED = "EAGLE_GATE_RESOLVED"
 ENV_DRAFT_SYNC = "EAGLE_GATE_DRAFT_SYNC"
 ENV_PLAIN_STEP = "EAGLE_GATE_PLAIN_STEP"
 ENV_LAZY_MAX_MIB = "EAGLE_GATE_LAZY_MAX_MIB"
+ENV_SHADOW = "EAGLE_GATE_SHADOW"
 #: default bound of the lazy draft-sync buffer, per scheduler process.
 DEFAULT_LAZY_MAX_MIB = 2048
 
@@ -85,6 +88,7 @@ _FILE_KEYS = {
     "draft_sync",
     "plain_step",
     "lazy_max_mib",
+    "shadow",
 }
 
 
@@ -105,6 +109,9 @@ class GateConfig:
     plain_step: bool = True
     #: memory bound of the lazy draft-sync buffer (MiB per scheduler process).
     lazy_max_mib: int = DEFAULT_LAZY_MAX_MIB
+    #: shadow mode: the policy is asked and observes as usual, but every step
+    #: runs SGLang's stock speculative step; what it would have run is counted.
+    shadow: bool = False
 
     def to_json(self) -> str:
         return json.dumps(
@@ -115,6 +122,7 @@ class GateConfig:
                 "draft_sync": self.draft_sync,
                 "plain_step": self.plain_step,
                 "lazy_max_mib": self.lazy_max_mib,
+                "shadow": self.shadow,
             },
             sort_keys=True,
         )
@@ -130,6 +138,7 @@ class GateConfig:
                 draft_sync=data.get("draft_sync", DEFAULT_DRAFT_SYNC),
                 plain_step=bool(data.get("plain_step", True)),
                 lazy_max_mib=int(data.get("lazy_max_mib", DEFAULT_LAZY_MAX_MIB)),
+                shadow=bool(data.get("shadow", False)),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"{ENV_RESOLVED} is not valid: {exc}") from exc
@@ -212,6 +221,7 @@ def resolve_config(
     cli_draft_sync: str | None = None,
     cli_plain_step: str | None = None,
     cli_lazy_max_mib: str | None = None,
+    cli_shadow: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> GateConfig:
     """Merge all sources by precedence and validate the result completely.
@@ -241,6 +251,12 @@ def resolve_config(
         file_data.get("plain_step", True),
     )
 
+    shadow = _switch(
+        "shadow",
+        cli_shadow if cli_shadow is not None else env.get(ENV_SHADOW),
+        file_data.get("shadow", False),
+    )
+
     lazy_max_mib = _positive_int(
         "lazy_max_mib",
         cli_lazy_max_mib or env.get(ENV_LAZY_MAX_MIB) or file_data.get("lazy_max_mib"),
@@ -266,6 +282,7 @@ def resolve_config(
         draft_sync=draft_sync,
         plain_step=plain_step,
         lazy_max_mib=lazy_max_mib,
+        shadow=shadow,
     )
     try:
         config.create_policy()

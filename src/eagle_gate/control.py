@@ -1,4 +1,4 @@
-"""Changing the policy or its settings on a running server.
+"""Changing the policy, its settings or shadow mode on a running server.
 
 Flow (see README "Operating the gate"):
 
@@ -67,8 +67,8 @@ __all__ = [
 CONTROL_FILE = "control.json"
 #: versions travel as one int64 in the TP broadcast.
 MAX_VERSION = 2**63 - 1
-_BODY_KEYS = {"policy", "settings"}
-_RECORD_KEYS = {"v", "launch_id", "version", "policy", "settings"}
+_BODY_KEYS = {"policy", "settings", "shadow"}
+_RECORD_KEYS = {"v", "launch_id", "version", "policy", "settings", "shadow"}
 _RECORD_KEYS |= {"requested_at", "source"}
 _LOG_EVERY_S = 60.0
 
@@ -112,10 +112,11 @@ def validate_config(policy: Any, settings: Any, base: GateConfig) -> GateConfig:
 def validate_change(body: Any, current: GateConfig) -> GateConfig:
     """The configuration ``body`` asks for, fully validated.
 
-    ``body``: ``{"policy": NAME, "settings": {KEY: VALUE, ...}}``, both keys
-    optional. Without ``policy`` the current policy stays and ``settings``
-    merge over its current settings; with another policy, ``settings`` apply
-    over that policy's defaults.
+    ``body``: ``{"policy": NAME, "settings": {KEY: VALUE, ...}, "shadow":
+    BOOL}``, every key optional. Without ``policy`` the current policy stays
+    and ``settings`` merge over its current settings; with another policy,
+    ``settings`` apply over that policy's defaults. Without ``shadow`` shadow
+    mode stays as it is.
     """
     if not isinstance(body, Mapping):
         raise ControlError(
@@ -125,8 +126,12 @@ def validate_change(body: Any, current: GateConfig) -> GateConfig:
     unknown = sorted(str(k) for k in set(body) - _BODY_KEYS)
     if unknown:
         raise ControlError(
-            f"unknown key {unknown[0]!r} in the request; allowed: policy, settings"
+            f"unknown key {unknown[0]!r} in the request; allowed: policy, "
+            "settings, shadow"
         )
+    shadow = body.get("shadow", current.shadow)
+    if not isinstance(shadow, bool):
+        raise ControlError(f"'shadow' must be true or false, got {shadow!r}")
     policy = body.get("policy", current.policy)
     settings = body.get("settings", {})
     if not isinstance(policy, str) or not policy:
@@ -137,7 +142,8 @@ def validate_change(body: Any, current: GateConfig) -> GateConfig:
     if policy == current.policy:
         raw.update(current.settings)
     raw.update(settings)
-    return validate_config(policy, raw, current)
+    config = validate_config(policy, raw, current)
+    return dataclasses.replace(config, shadow=shadow)
 
 
 def parse_request(data: Any, launch_id: str | None = None) -> dict[str, Any] | None:
@@ -176,6 +182,9 @@ def parse_request(data: Any, launch_id: str | None = None) -> dict[str, Any] | N
     source = data.get("source", "")
     if not isinstance(source, str):
         raise ControlError(f"{CONTROL_FILE}: source {source!r} is not text")
+    shadow = data.get("shadow", False)
+    if not isinstance(shadow, bool):
+        raise ControlError(f"{CONTROL_FILE}: shadow {shadow!r} is not true or false")
     config = validate_config(
         data.get("policy"), data.get("settings", {}), GateConfig("never")
     )
@@ -186,6 +195,7 @@ def parse_request(data: Any, launch_id: str | None = None) -> dict[str, Any] | N
         "settings": config.settings,
         "requested_at": float(requested_at),
         "source": source,
+        "shadow": shadow,
     }
 
 
@@ -244,6 +254,7 @@ def write_request(
         "version": version,
         "policy": config.policy,
         "settings": config.settings,
+        "shadow": config.shadow,
         "requested_at": time.time(),
         "source": source,
     }
@@ -285,7 +296,11 @@ class ControlFile:
         if record is None or record["version"] <= self._last[0]:
             return self._last
         text = json.dumps(
-            {"policy": record["policy"], "settings": record["settings"]},
+            {
+                "policy": record["policy"],
+                "settings": record["settings"],
+                "shadow": record["shadow"],
+            },
             sort_keys=True,
         )
         self._last = (record["version"], text)
@@ -293,12 +308,14 @@ class ControlFile:
 
 
 def config_from_request(text: str, base: GateConfig) -> GateConfig:
-    """``base`` with the policy and settings of a request (other fields stay)."""
+    """``base`` with the policy, settings and shadow mode of a request (other
+    fields stay)."""
     data = json.loads(text)
     return dataclasses.replace(
         base,
         policy=str(data["policy"]),
         settings=dict(data.get("settings") or {}),
+        shadow=bool(data.get("shadow", base.shadow)),
     )
 
 

@@ -11,10 +11,10 @@ Record format (one JSON object per line, ``"v": 1``; ``t`` is Unix time when
 the record was taken, ``step`` the gate's decode-step number in this process):
 
 * ``{"v":1,"kind":"start","t","pid","tp_rank","tp_size","adapter","sglang_version",
-  "num_draft_tokens","policy","settings","config_version"}`` -- first line of
-  each process's log.
-* ``{"v":1,"kind":"config","t","step","config_version","policy","settings"}``
-  -- a runtime change took effect from ``step`` on.
+  "num_draft_tokens","policy","settings","config_version","shadow"}`` -- first
+  line of each process's log.
+* ``{"v":1,"kind":"config","t","step","config_version","policy","settings",
+  "shadow"}`` -- a runtime change took effect from ``step`` on.
 * ``{"v":1,"kind":"decision","t","step","batch_size","seq_len_sum",
   "seq_lens_exact","decided","ran","override"}`` -- ``seq_len_sum`` and
   ``seq_lens_exact`` as the policy's ``StepView`` had them (null: unknown;
@@ -22,7 +22,8 @@ the record was taken, ``step`` the gate's decode-step number in this process):
   ``spec`` | ``plain`` | ``error`` (the policy raised or returned garbage) |
   ``not_asked`` (degraded); ``ran``: the mode the gate chose to run
   (``spec`` | ``plain``); ``override``: why SPEC ran although the policy said
-  PLAIN, or null.
+  PLAIN, or null; ``shadow`` on every decision of shadow mode (``decided`` is
+  what the policy would have run).
 * ``{"v":1,"kind":"outcome","t","step","mode","batch_size","tokens",
   "accept_lens","interval_s"}`` -- the step's resolved result, exactly the
   :class:`eagle_gate.StepOutcome` the policy saw (``mode``: what really ran).
@@ -157,8 +158,17 @@ class DecisionLog:
     def plain_failure(self, step: int, error: str) -> None:
         self._pending.append(("f", self._clock(), step, error))
 
-    def config(self, step: int, version: int, policy: str, settings: dict) -> None:
-        self._pending.append(("c", self._clock(), step, version, policy, settings))
+    def config(
+        self,
+        step: int,
+        version: int,
+        policy: str,
+        settings: dict,
+        shadow: bool = False,
+    ) -> None:
+        self._pending.append(
+            ("c", self._clock(), step, version, policy, settings, shadow)
+        )
 
     def start(self, fields: dict[str, Any]) -> None:
         self._pending.append(("s", self._clock(), fields))
@@ -208,7 +218,7 @@ class DecisionLog:
             _, t, step, error = rec
             return {"kind": "plain_failure", "t": t, "step": step, "error": error}
         if kind == "c":
-            _, t, step, version, policy, settings = rec
+            _, t, step, version, policy, settings, shadow = rec
             return {
                 "kind": "config",
                 "t": t,
@@ -216,6 +226,7 @@ class DecisionLog:
                 "config_version": version,
                 "policy": policy,
                 "settings": settings,
+                "shadow": shadow,
             }
         _, t, fields = rec
         return {"kind": "start", "t": t, **fields}

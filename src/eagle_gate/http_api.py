@@ -97,7 +97,10 @@ def current_config(directory: StatusDir | None = None) -> GateConfig:
             directory.close()
     if request:
         return dataclasses.replace(
-            config, policy=request["policy"], settings=dict(request["settings"])
+            config,
+            policy=request["policy"],
+            settings=dict(request["settings"]),
+            shadow=request["shadow"],
         )
     return config
 
@@ -263,17 +266,19 @@ def handle_change(
     finally:
         directory.close()
     logger.info(
-        "eagle_gate: runtime change %d requested by %s: policy %r %s",
+        "eagle_gate: runtime change %d requested by %s: policy %r %s shadow %s",
         record["version"],
         client_host,
         config.policy,
         config.settings,
+        config.shadow,
     )
     return 202, {
         "accepted": True,
         "version": record["version"],
         "policy": config.policy,
         "settings": config.settings,
+        "shadow": config.shadow,
         "applies": "on every scheduler at the same decode step (a multiple of "
         "tick_every) when gating, at once when idle; watch config_version in "
         f"GET {STATUS_PATH}",

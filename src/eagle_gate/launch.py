@@ -75,6 +75,17 @@ def add_gate_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup
         "as overrides (env EAGLE_GATE_PLAIN_STEP; default on)",
     )
     parser.add_argument(
+        "--gate-shadow",
+        nargs="?",
+        const="on",
+        choices=("on", "off"),
+        help="shadow mode: the policy decides and observes as usual, but every "
+        "step runs SGLang's stock speculative step; status, metrics and the "
+        "decision log say what it would have run (env EAGLE_GATE_SHADOW; "
+        "default off; switch at runtime with POST /eagle_gate/policy "
+        '{"shadow": false})',
+    )
+    parser.add_argument(
         "--gate-decision-log",
         metavar="DIR",
         help="opt in to a rate-limited JSON-lines log of decisions and outcomes, "
@@ -158,6 +169,7 @@ def prepare(argv: Sequence[str], environ: dict | None = None):
         cli_draft_sync=gate_args.gate_draft_sync,
         cli_plain_step=gate_args.gate_plain_step,
         cli_lazy_max_mib=gate_args.gate_lazy_max_mib,
+        cli_shadow=gate_args.gate_shadow,
         environ=env,
     )
     check_environment(env)

@@ -121,6 +121,23 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         ("mode",),
         "Length in decode steps of each finished run of one mode",
     ),
+    "eagle_gate_shadow": (
+        "gauge",
+        (),
+        "1 while in shadow mode (the policy decides, every step runs SGLang's "
+        "stock speculative step), else 0",
+    ),
+    "eagle_gate_shadow_decisions_total": (
+        "counter",
+        ("mode",),
+        "Shadow-mode decisions by the mode the policy would have run",
+    ),
+    "eagle_gate_shadow_estimated_gain": (
+        "gauge",
+        (),
+        "Relative throughput gain the policy estimates it would have reached "
+        "over the shadow-mode steps so far (0.1: +10%); NaN while unknown",
+    ),
 }
 
 
@@ -194,6 +211,12 @@ class GateMetrics:
         self.degraded = m["eagle_gate_degraded"].labels(dp)
         self.config_version = m["eagle_gate_config_version"].labels(dp)
         self.ratio = m["eagle_gate_spec_step_ratio"].labels(dp)
+        self.shadow = m["eagle_gate_shadow"].labels(dp)
+        self.shadow_decisions = [
+            m["eagle_gate_shadow_decisions_total"].labels(mode, dp)
+            for mode in MODE_NAMES
+        ]
+        self.shadow_gain = m["eagle_gate_shadow_estimated_gain"].labels(dp)
         self._info_labels: tuple[str, ...] | None = None
         self._estimate_names: set[str] = set()
         self._last: dict[str, int] = {}
@@ -239,6 +262,12 @@ class GateMetrics:
         self._add("plainfail", self.plain_failures, rt.plain_step_failures)
         self.degraded.set(1 if rt.degraded is not None else 0)
         self.config_version.set(rt.config_version)
+        ledger = rt.shadow_ledger
+        self.shadow.set(1 if rt.shadow else 0)
+        for i in (0, 1):
+            self._add(f"shadow{i}", self.shadow_decisions[i], ledger.decisions[i])
+        gain = ledger.estimated_gain()
+        self.shadow_gain.set(float("nan") if gain is None else gain)
         current = rt.current_mode
         if current is not None:
             self.mode[current].set(1)

@@ -17,6 +17,11 @@ Never breaking the server:
   is SGLang's stock speculative step, the policy is no longer asked, and status
   and metrics say so.
 
+Shadow mode (``config.shadow``, see :mod:`eagle_gate.shadow`): the policy is
+asked and observes as usual, every step runs SPEC (SGLang's stock step, not
+counted as an override), and :attr:`GateRuntime.shadow_ledger` counts what it
+would have run.
+
 Hot-path cost: ``decide`` and ``observe`` only touch plain ints, a fixed-size
 ring of the last decisions and (rarely) a bounded deque of finished dwells.
 Everything slower (status files, Prometheus, the decision log, runtime
@@ -38,6 +43,7 @@ from typing import Any
 
 from eagle_gate.config import GateConfig
 from eagle_gate.policy import Mode, Policy, StepOutcome, StepView
+from eagle_gate.shadow import ShadowLedger, predicted_plain_rate
 
 logger = logging.getLogger("eagle_gate")
 
@@ -150,6 +156,11 @@ class GateRuntime:
         #: every plain step as a verify that accepted nothing).
         self.request_steps_by_mode = [0, 0]
         self.decisions_by_mode = [0, 0]
+        # shadow mode: decide and observe, run stock SPEC, count would-haves
+        self.shadow = bool(config.shadow)
+        self.shadow_ledger = ShadowLedger()
+        self._shadow_seen = self.shadow
+        self._predict = predicted_plain_rate(policy)
         self.policy_errors = 0
         self.policy_errors_by_reason = dict.fromkeys(PolicyErrors.ALL, 0)
         self.overrides: dict[str, int] = {}
@@ -244,6 +255,12 @@ class GateRuntime:
             )
             return self._ran(step, batch_size, DECIDED_ERROR, None)
         self.decisions_by_mode[mode] += 1
+        if self.shadow:
+            if mode is Mode.PLAIN:
+                self.shadow_ledger.decided(step, True, self._predict, view)
+            else:
+                self.shadow_ledger.decided(step, False)
+            return self._ran(step, batch_size, mode, "shadow")
         if mode is Mode.PLAIN and not self.plain_step_available:
             reason = Overrides.PLAIN_STEP_UNAVAILABLE
             self.count_override(reason)
@@ -363,6 +380,8 @@ class GateRuntime:
         self._last_resolve = now
         self._non_decode_since_resolve = False
         tokens = sum(accept_lens)
+        if self._shadow_seen:
+            self.shadow_ledger.resolved(step, tokens, interval)
         self.steps_by_mode[mode] += 1
         self.tokens_by_mode[mode] += tokens
         self.request_steps_by_mode[mode] += len(accept_lens)
@@ -426,10 +445,20 @@ class GateRuntime:
 
         Returns False (and keeps the current policy) if the policy cannot be
         created; ``last_control_error`` says why. Policy creation is
-        deterministic, so every rank reaches the same result.
+        deterministic, so every rank reaches the same result. A change of
+        shadow mode alone keeps the policy object and what it has learned:
+        switching a watched policy live is the point of shadow mode.
         """
+        current = self.config
         try:
-            policy = config.create_policy()
+            if (
+                config.shadow != current.shadow
+                and config.policy == current.policy
+                and config.settings == current.settings
+            ):
+                policy = self.policy
+            else:
+                policy = config.create_policy()
         except Exception as exc:
             self.last_control_error = (
                 f"version {version}: cannot create policy {config.policy!r}: {exc}"
@@ -439,19 +468,27 @@ class GateRuntime:
             return False
         old = self.config.policy
         self.policy = policy
+        self._predict = predicted_plain_rate(policy)
+        self.shadow = bool(config.shadow)
+        self._shadow_seen = self._shadow_seen or self.shadow
         self.config = config
         self.config_version = version
         self.last_control_error = None
         log = self.decision_log
         if log is not None:
-            log.config(self.step, version, config.policy, config.settings)
+            log.config(
+                self.step, version, config.policy, config.settings, config.shadow
+            )
         logger.info(
-            "eagle_gate: configuration %d from step %d: policy %r %s (was %r)",
+            "eagle_gate: configuration %d from step %d: policy %r %s (was %r)%s",
             version,
             self.step,
             config.policy,
             config.settings,
             old,
+            " in SHADOW mode (every step runs SGLang's stock step)"
+            if self.shadow
+            else "",
         )
         return True
 
@@ -532,6 +569,8 @@ class GateRuntime:
             "tp_size": self.view.tp_size,
             "num_draft_tokens": self.view.num_draft_tokens,
             "plain_step_available": self.plain_step_available,
+            "shadow": self.shadow,
+            "shadow_totals": self.shadow_ledger.snapshot(),
             "step": self.step,
             "mode": (
                 None if self.current_mode is None else MODE_NAMES[self.current_mode]

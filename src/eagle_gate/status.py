@@ -116,8 +116,9 @@ def aggregate(
     """One server-wide view: the records, whether the ranks agree, and the
     last runtime-control request (``eagle_gate.control``).
 
-    ``agreement``: every scheduler reports the same policy, settings and
-    configuration version; ``pending``: a requested version not yet in effect
+    ``agreement``: every scheduler reports the same policy, settings,
+    configuration version and shadow mode; ``shadow``: every live scheduler
+    is in shadow mode; ``pending``: a requested version not yet in effect
     everywhere; ``stale``: pids of live schedulers whose record was not
     rewritten in time (each record gets ``age_s`` and ``stale``); ``ok``: at
     least one scheduler, all alive and fresh, agreeing, none degraded.
@@ -132,7 +133,8 @@ def aggregate(
         if r["stale"]:
             stale.append(r.get("pid"))
     agreement = {
-        key: _agree(live, key) for key in ("policy", "settings", "config_version")
+        key: _agree(live, key)
+        for key in ("policy", "settings", "config_version", "shadow")
     }
     requested = request.get("version", 0) if request else 0
     requested = requested if isinstance(requested, int) else 0
@@ -150,6 +152,7 @@ def aggregate(
         "ok": ok and not degraded,
         "agreement": {**agreement, "all": all(agreement.values())},
         "degraded": degraded,
+        "shadow": bool(live) and all(r.get("shadow") is True for r in live),
         "stale": stale,
         "requested": request,
         "pending": pending,

@@ -118,11 +118,19 @@ def abort(base_url: str, rid: str) -> int:
     return status
 
 
-def set_policy(base_url: str, policy: str | None = None, **settings) -> int:
+def set_policy(
+    base_url: str,
+    policy: str | None = None,
+    *,
+    shadow: bool | None = None,
+    **settings,
+) -> int:
     """Request a runtime change; returns its config version (asserts 202)."""
     body: dict = {"settings": settings}
     if policy is not None:
         body["policy"] = policy
+    if shadow is not None:
+        body["shadow"] = shadow
     status, reply = _request(f"{base_url}/eagle_gate/policy", body)
     if status != 202:
         raise RuntimeError(f"policy change refused: {status} {reply}")

@@ -401,6 +401,7 @@ def activate(
                 "policy": config.policy,
                 "settings": config.settings,
                 "config_version": 0,
+                "shadow": config.shadow,
             }
         )
     # OpsService() cannot fail; it sets the control hook on every rank alike.

@@ -9,6 +9,12 @@ decisions (a check that the log is complete), and another policy shows where it
 would have chosen differently on the same traffic. It is counterfactual only in
 the decisions: the outcomes are the ones the server really produced.
 
+A shadow log (``--gate-shadow``: every step ran SGLang's stock SPEC step, the
+decisions say what the policy would have run) replays into the same
+comparison the live status shows: would-have decisions by mode and the
+throughput the replayed policy estimates it would have gained
+(:class:`eagle_gate.shadow.ShadowLedger`, over the steps that ran SPEC).
+
 Under tensor parallelism the log holds each rank's local intervals, while the
 live policy saw rank 0's (released in batches); replay rank 0's log.
 """
@@ -22,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eagle_gate.policy import Mode, Policy, StepOutcome, StepView
+from eagle_gate.shadow import ShadowLedger, predicted_plain_rate
 
 __all__ = ["ReplayResult", "read_log", "replay"]
 
@@ -44,6 +51,11 @@ class ReplayResult:
     policy_errors: int = 0
     #: steps where the replayed policy differed from the log (first 20).
     first_differences: list[tuple[int, str, str]] = field(default_factory=list)
+    #: decisions the log marks as shadow mode (the server ran stock SPEC).
+    shadow_decisions: int = 0
+    #: what the replayed policy would have run on the steps that ran SPEC, and
+    #: the throughput it estimates that would have gained.
+    shadow: ShadowLedger = field(default_factory=ShadowLedger)
 
     @property
     def agreement(self) -> float | None:
@@ -71,6 +83,8 @@ def replay(records: Iterable[dict[str, Any]], policy: Policy) -> ReplayResult:
     """Feed the logged views and outcomes to ``policy``, in log order."""
     result = ReplayResult()
     view = StepView()
+    predict = predicted_plain_rate(policy)
+    ledger = result.shadow
     for record in records:
         kind = record.get("kind")
         if kind == "start":
@@ -92,6 +106,10 @@ def replay(records: Iterable[dict[str, Any]], policy: Policy) -> ReplayResult:
                 continue
             name = "plain" if mode is Mode.PLAIN else "spec"
             result.by_mode[name] += 1
+            if record.get("override") == "shadow":
+                result.shadow_decisions += 1
+            if record.get("ran", "spec") == "spec":
+                ledger.decided(view.step, mode is Mode.PLAIN, predict, view)
             logged = record.get("decided")
             if logged in _MODES:
                 result.comparable += 1
@@ -103,6 +121,10 @@ def replay(records: Iterable[dict[str, Any]], policy: Policy) -> ReplayResult:
         elif kind == "outcome":
             result.outcomes += 1
             lens = list(record["accept_lens"])
+            if record["mode"] == "spec":
+                ledger.resolved(
+                    int(record["step"]), sum(lens), record.get("interval_s")
+                )
             policy.observe(
                 StepOutcome(
                     mode=_MODES[record["mode"]],
@@ -155,4 +177,20 @@ def main(argv: list[str]) -> int:
     )
     for step, logged, now in result.first_differences[:5]:
         print(f"  step {step}: logged {logged}, replayed {now}")
+    totals = result.shadow.snapshot()
+    gain = totals["estimated_gain"]
+    if result.shadow_decisions:
+        print(
+            f"shadow log: {result.shadow_decisions} decisions ran SGLang's stock "
+            "SPEC step"
+        )
+    print(
+        f"on the steps that ran SPEC, {name!r} would run: spec "
+        f"{totals['would_run']['spec']}, plain {totals['would_run']['plain']}; "
+        "estimated throughput gain "
+        + ("unknown" if gain is None else f"{gain:+.1%}")
+        + f" ({totals['plain_estimated']} would-PLAIN steps timed with the "
+        f"policy's predicted PLAIN rate, {totals['plain_without_estimate']} "
+        "without one)"
+    )
     return 0
