@@ -234,6 +234,13 @@ class Policy(Protocol):
     Optional: ``estimates() -> dict[str, float]`` exposes what the policy
     believes (for example tokens/s per mode); the gate exports it as the
     ``eagle_gate_policy_estimate`` metric and in its status.
+
+    Optional: ``predicted_plain_rate(view) -> float | None``, the output
+    tokens per second the policy expects of one PLAIN step for a batch like
+    ``view`` (None: no estimate). Shadow mode calls it on the steps where the
+    policy would have run PLAIN, to estimate the throughput it would have
+    gained (:mod:`eagle_gate.shadow`). Keep it O(1); it must not raise (if it
+    does, the step counts as having no estimate).
     """
 
     name: str
