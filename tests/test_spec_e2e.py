@@ -21,6 +21,7 @@ every test of one configuration (pytest groups the tests by the module-scoped
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -498,6 +499,8 @@ def test_shadow_mode_runs_stock_steps_and_records_what_it_would_run(reference, g
     assert would["plain"] - before_would["plain"] >= SINGLE[1] // NUM_DRAFT_TOKENS
     assert would["spec"] == before_would["spec"]  # never: PLAIN, every time
     assert during["overrides"] == before["overrides"]  # shadow is no override
+    excerpt = {k: during[k] for k in ("policy", "shadow", "steps", "shadow_totals")}
+    note(f"SGLang {VERSION}: shadow-mode status excerpt: {json.dumps(excerpt)}")
     assert {"decided": "plain", "ran": "spec"} in [
         {"decided": d["decided"], "ran": d["ran"]} for d in during["last_decisions"]
     ]

@@ -429,7 +429,7 @@ def activate(
         logger.error("eagle_gate: no ops thread (status, metrics): %r", exc)
     logger.info(
         "eagle_gate active in scheduler pid %d (TP %d/%d): SGLang %s, adapter %s, "
-        "policy %r %s, state: %s, %s, status: %s",
+        "policy %r %s%s, state: %s, %s, status: %s",
         os.getpid(),
         tp_rank,
         tp_size,
@@ -437,6 +437,9 @@ def activate(
         adapter_name,
         config.policy,
         config.settings,
+        " in SHADOW mode (every step runs SGLang's stock step)"
+        if config.shadow
+        else "",
         state,
         plain_mode if gated else "plain step unused",
         path,
