@@ -5,11 +5,12 @@ the HTTP handler logic and the status view (no server)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+from support.metrics_probe import scrape_lines
+from support.two_ranks import run_two_ranks
 
 from eagle_gate.config import ENV_RESOLVED, GateConfig
 from eagle_gate.control import (
@@ -272,59 +273,8 @@ def test_ranks_apply_a_change_at_the_same_step(tmp_path):
     assert all(rt.config.policy == "never" for rt in ranks)
 
 
-TORCH_TP = r"""
-import json, os, sys, tempfile
-import torch.distributed as dist
-from eagle_gate.config import GateConfig
-from eagle_gate.control import ControlAgreement, ControlFile, torch_broadcast
-from eagle_gate.control import validate_change, write_request
-from eagle_gate.policy import Mode
-from eagle_gate.runtime import GateRuntime
-
-rank, d, init = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-group = dist.new_group([0, 1], backend="gloo")
-
-class P:
-    name = "p"
-    def decide(self, view): return Mode.SPEC
-    def observe(self, outcome): pass
-
-rt = GateRuntime(GateConfig("threshold"), P(), sglang_version="t", adapter="t",
-                 tp_rank=rank, tp_size=2, tick_every=4)
-rt.on_tick = ControlAgreement(rt, ControlFile(d), is_source=rank == 0,
-                              broadcast=torch_broadcast(group))
-switched = None
-for step in range(24):
-    if rank == 0 and step == 6:
-        write_request(d, validate_change({"policy": "never"}, GateConfig("threshold")))
-    rt.decide(1, 1)
-    if rt.config_version and switched is None:
-        switched = step
-print(json.dumps({"rank": rank, "switched": switched, "policy": rt.config.policy}))
-dist.destroy_process_group()
-"""
-
-
 def test_torch_broadcast_makes_two_processes_switch_at_the_same_step(tmp_path):
-    script = tmp_path / "tp.py"
-    script.write_text(TORCH_TP)
-    init = f"file://{tmp_path / 'store'}"
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(r), str(tmp_path), init],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for r in (0, 1)
-    ]
-    outs = [p.communicate(timeout=120) for p in procs]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-2000:]
-    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    results = run_two_ranks(tmp_path, write_step=6, timeout_s=120)
     # written before step 6 on rank 0; the next tick (step 8) switches both
     assert [r["switched"] for r in results] == [8, 8]
     assert [r["policy"] for r in results] == ["never", "never"]
@@ -501,7 +451,6 @@ def test_threshold_still_builds_from_its_factory():
 
 
 METRICS_PROBE = r"""
-from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 from eagle_gate.config import GateConfig
 from eagle_gate.metrics import GateMetrics
 from eagle_gate.policy import Mode
@@ -525,23 +474,11 @@ for i in range(3):
 rt.observe(Mode.SPEC, 8, [2])
 m.export(rt)
 m.export(rt)  # idempotent without new steps
-registry = CollectorRegistry()
-multiprocess.MultiProcessCollector(registry)
-print(generate_latest(registry).decode())
 """
 
 
 def test_metrics_export_deltas_in_multiprocess_mode(tmp_path):
-    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
-    out = subprocess.run(
-        [sys.executable, "-c", METRICS_PROBE],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    lines = set(out.stdout.splitlines())
+    lines = scrape_lines(tmp_path, METRICS_PROBE)
     expected = [
         'eagle_gate_decode_steps_total{dp_rank="0",mode="spec"} 6.0',
         'eagle_gate_decode_steps_total{dp_rank="0",mode="plain"} 3.0',
@@ -565,4 +502,4 @@ def test_metrics_export_deltas_in_multiprocess_mode(tmp_path):
         'sglang_version="9.9"} 1.0',
     ]
     missing = [e for e in expected if e not in lines]
-    assert not missing, out.stdout
+    assert not missing, sorted(lines)

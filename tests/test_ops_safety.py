@@ -15,6 +15,7 @@ import tempfile
 import time
 
 import pytest
+from support.two_ranks import run_two_ranks
 
 from eagle_gate import http_api
 from eagle_gate.adapters._base import ACTIVE, activate
@@ -726,70 +727,11 @@ def test_rank0_broadcasts_even_when_reading_raises(tmp_path):
     assert sent == [0, 0] and rt.tick_errors == 0
 
 
-TORCH_HUGE = r"""
-import datetime, json, os, sys
-import torch.distributed as dist
-from eagle_gate.config import GateConfig
-from eagle_gate.control import ControlAgreement, ControlFile, torch_broadcast
-from eagle_gate.control import validate_change, write_request
-from eagle_gate.policy import Mode
-from eagle_gate.runtime import GateRuntime
-
-rank, d, init = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
-                        timeout=datetime.timedelta(seconds=30))
-group = dist.new_group([0, 1], backend="gloo")
-
-class P:
-    name = "p"
-    def decide(self, view): return Mode.SPEC
-    def observe(self, outcome): pass
-
-rt = GateRuntime(GateConfig("threshold"), P(), sglang_version="t", adapter="t",
-                 tp_rank=rank, tp_size=2, tick_every=4)
-rt.on_tick = ControlAgreement(rt, ControlFile(d), is_source=rank == 0,
-                              broadcast=torch_broadcast(group))
-switched = None
-for step in range(24):
-    if rank == 0 and step == 10:
-        write_request(d, validate_change({"policy": "never"}, GateConfig("threshold")))
-    rt.decide(1, 1)
-    if rt.config_version and switched is None:
-        switched = step
-print(json.dumps({"rank": rank, "switched": switched, "policy": rt.config.policy}))
-dist.destroy_process_group()
-"""
-
-
 def test_a_version_beyond_int64_never_hangs_the_other_ranks(tmp_path):
     (tmp_path / "control.json").write_text(
         json.dumps({"version": 2**63 + 5, "policy": "never", "settings": {}})
     )
-    script = tmp_path / "tp.py"
-    script.write_text(TORCH_HUGE)
-    init = f"file://{tmp_path / 'store'}"
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(r), str(tmp_path), init],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for r in (0, 1)
-    ]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=240))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a TP rank hung in the control broadcast")
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-2000:]
-    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    results = run_two_ranks(tmp_path, write_step=10)
     # the bad file is ignored; the valid request (version 1, before step 10)
     # applies on both ranks at the next tick, step 12
     assert [r["switched"] for r in results] == [12, 12]

@@ -8,11 +8,9 @@ shadow log. The real speculative server runs it in
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from support.metrics_probe import scrape_lines
 
 from eagle_gate.config import ConfigError, GateConfig, resolve_config
 from eagle_gate.control import (
@@ -247,7 +245,6 @@ def test_control_route_validates_and_stores_shadow(tmp_path):
 
 # -- metrics and replay --------------------------------------------------------------
 METRICS_PROBE = r"""
-from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 from eagle_gate.config import GateConfig
 from eagle_gate.metrics import GateMetrics
 from eagle_gate.policy import Mode
@@ -265,23 +262,11 @@ for bs in (4, 4, 1):
     mode, step = rt.decide(bs, None)
     rt.observe(mode, step, [1] * bs)
 m.export(rt)
-registry = CollectorRegistry()
-multiprocess.MultiProcessCollector(registry)
-print(generate_latest(registry).decode())
 """
 
 
 def test_shadow_metrics(tmp_path):
-    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
-    out = subprocess.run(
-        [sys.executable, "-c", METRICS_PROBE],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    lines = set(out.stdout.splitlines())
+    lines = scrape_lines(tmp_path, METRICS_PROBE)
     for line in (
         'eagle_gate_shadow{dp_rank="0"} 1.0',
         'eagle_gate_shadow_decisions_total{dp_rank="0",mode="plain"} 2.0',
@@ -290,7 +275,7 @@ def test_shadow_metrics(tmp_path):
         'eagle_gate_shadow_estimated_gain{dp_rank="0"} NaN',
         'eagle_gate_decode_steps_total{dp_rank="0",mode="plain"} 0.0',
     ):
-        assert line in lines, (line, out.stdout)
+        assert line in lines, (line, sorted(lines))
 
 
 def test_replay_of_a_shadow_log_shows_the_comparison(tmp_path, capsys):

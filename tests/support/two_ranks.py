@@ -1,0 +1,92 @@
+"""Two real processes as two TP ranks, agreeing on runtime changes over a gloo
+CPU group exactly as schedulers do (``eagle_gate.control.torch_broadcast``).
+
+Each rank runs a GateRuntime for 24 decode steps with control checked every 4;
+rank 0 writes a valid request (policy ``never``) before step ``write_step``.
+Both ranks report the step at which their configuration changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = r"""
+import datetime, json, sys
+import torch.distributed as dist
+from eagle_gate.config import GateConfig
+from eagle_gate.control import ControlAgreement, ControlFile, torch_broadcast
+from eagle_gate.control import validate_change, write_request
+from eagle_gate.policy import Mode
+from eagle_gate.runtime import GateRuntime
+
+rank, d, init, write_step = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=30))
+group = dist.new_group([0, 1], backend="gloo")
+
+class P:
+    name = "p"
+    def decide(self, view): return Mode.SPEC
+    def observe(self, outcome): pass
+
+rt = GateRuntime(GateConfig("threshold"), P(), sglang_version="t", adapter="t",
+                 tp_rank=rank, tp_size=2, tick_every=4)
+rt.on_tick = ControlAgreement(rt, ControlFile(d), is_source=rank == 0,
+                              broadcast=torch_broadcast(group))
+switched = None
+for step in range(24):
+    if rank == 0 and step == write_step:
+        write_request(d, validate_change({"policy": "never"}, GateConfig("threshold")))
+    rt.decide(1, 1)
+    if rt.config_version and switched is None:
+        switched = step
+print(json.dumps({"rank": rank, "switched": switched, "policy": rt.config.policy}))
+dist.destroy_process_group()
+"""
+
+
+def run_two_ranks(
+    status_dir: Path, write_step: int, *, timeout_s: float = 240
+) -> list[dict]:
+    """Run both ranks on ``status_dir``; return their reports (rank 0 first).
+
+    Fails the test, naming the hang, if a rank does not finish in time.
+    """
+    script = status_dir / "tp.py"
+    script.write_text(SCRIPT)
+    init = f"file://{status_dir / 'store'}"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                str(r),
+                str(status_dir),
+                init,
+                str(write_step),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for r in (0, 1)
+    ]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=timeout_s))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a TP rank hung in the control broadcast")
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-2000:]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
