@@ -11,6 +11,10 @@ and configuration version, and the gate is not degraded; 1 otherwise.
 ``eagle-gate set-policy --url URL [--policy NAME] [--set KEY=VALUE ...]`` posts
 a runtime change (``POST /eagle_gate/policy``). ``--api-key`` (or the
 environment variable ``EAGLE_GATE_API_KEY``) is sent as a bearer token.
+
+``eagle-gate doctor [--json] [--gate-* flags] [-- SGLANG ARGS]`` checks this
+installation and a launch configuration without starting anything
+(:mod:`eagle_gate.doctor`).
 """
 
 from __future__ import annotations
@@ -51,6 +55,13 @@ def _request(url: str, api_key: str | None, body: dict | None = None):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["doctor"]:
+        # doctor takes the launcher's --gate-* flags and an SGLang command line
+        # after "--": it parses its own arguments.
+        from eagle_gate.doctor import main as doctor_main
+
+        return doctor_main(argv[1:])
     parser = argparse.ArgumentParser(prog="eagle-gate")
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser(
@@ -77,8 +88,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="a setting, repeatable (values are parsed as JSON if they can be)",
     )
+    change.add_argument(
+        "--shadow",
+        choices=("on", "off"),
+        help="shadow mode on (the policy only watches) or off (default: keep)",
+    )
     change.add_argument("--api-key", help="bearer token (env EAGLE_GATE_API_KEY)")
     sub.add_parser("policies", help="list the installed policies and their settings")
+    sub.add_parser(
+        "doctor",
+        help="check SGLang, patch targets, plugins, settings, the status directory "
+        "and an SGLang command line (after --) as the launcher would",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "policies":
@@ -105,6 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         body: dict = {"settings": settings}
         if args.policy:
             body["policy"] = args.policy
+        if args.shadow:
+            body["shadow"] = args.shadow == "on"
         code, reply = _request(args.url.rstrip("/") + POLICY_PATH, api_key, body)
         print(json.dumps(reply, indent=1))
         return 0 if code == 202 else 1

@@ -1,0 +1,348 @@
+"""``eagle-gate doctor`` (issue #13) against the real SGLang of this
+environment: a healthy install is all ok, and each problem it detects makes it
+exit non-zero with the fix. In-process through ``eagle_gate.cli.main`` (fast);
+one subprocess run of the console script."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from eagle_gate import adapters, cli, plugins
+from eagle_gate.adapters._base import DP_ATTENTION_REFUSAL, PP_REFUSAL
+from eagle_gate.config import ConfigError, resolve_config
+
+VERSION = adapters.installed_sglang_version()
+ADAPTER = adapters.select_adapter(VERSION)
+#: SGLang 0.5.23 and later: its own plugin loader, and eagle_gate registered in it.
+PLUGIN_LOADER = hasattr(ADAPTER, "load_sglang_plugins")
+SPEC = ["--model-path", "m", "--speculative-algorithm", "EAGLE3"]
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch, tmp_path):
+    """No gate variables of the caller, a private temporary directory, and a
+    plugin manager built afresh (tests add and remove entry points)."""
+    for name in list(os.environ):
+        if name.startswith("EAGLE_GATE_") or name == "SGLANG_PLUGINS":
+            monkeypatch.delenv(name)
+    private = tmp_path / "tmp"
+    private.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    plugins.plugin_manager.cache_clear()
+    yield
+    plugins.plugin_manager.cache_clear()
+
+
+def doctor(capsys, *argv: str) -> tuple[int, dict]:
+    """Run ``eagle-gate doctor --json ARGV`` in this process."""
+    capsys.readouterr()
+    code = cli.main(["doctor", "--json", *argv])
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is (code == 0)
+    return code, report
+
+
+def by_name(report: dict) -> dict[str, dict]:
+    return {check["name"]: check for check in report["checks"]}
+
+
+def failed(report: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in report["checks"] if not c["ok"]}
+
+
+def test_a_healthy_install_is_all_ok(capsys):
+    code, report = doctor(capsys, "--", *SPEC, "--speculative-eagle-topk", "1")
+    assert code == 0, failed(report)
+    checks = by_name(report)
+    assert all(c["ok"] and c["fix"] == "" for c in report["checks"])
+    assert checks["sglang"]["detail"] == (
+        f"SGLang {VERSION}, served by adapter {ADAPTER.NAME}"
+    )
+    for target in ADAPTER.TARGETS:
+        assert f"patch {target.qualname}" in checks
+    assert {"plugin builtin", "plugin goodput"} <= set(checks)
+    assert {"always", "never", "threshold", "goodput"} <= set(
+        checks["policies"]["detail"].split(", ")
+    )
+    if PLUGIN_LOADER:  # 0.5.23: SGLang's plugin group
+        assert "eagle_gate.sglang_plugin:load" in checks["sglang plugin"]["detail"]
+    else:  # 0.5.9 has none: said, not a problem
+        assert "no sglang.srt.plugins loader" in checks["sglang plugin"]["detail"]
+    assert checks["setting policy"]["source"] == "default"
+    assert checks["status directory"]["detail"].startswith("each launch makes")
+    assert checks["speculative flags"]["detail"].startswith("gating EAGLE3")
+
+
+def test_the_table_says_all_ok(capsys):
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "  ok    sglang " in out and "FAIL" not in out
+    assert out.rstrip().splitlines()[-1].endswith("checks ok")
+
+
+def test_settings_report_their_source(capsys, tmp_path, monkeypatch):
+    path = tmp_path / "gate.toml"
+    path.write_text('policy = "threshold"\n[settings]\nplain_above = 16\n')
+    monkeypatch.setenv("EAGLE_GATE_CONFIG", str(path))
+    monkeypatch.setenv("EAGLE_GATE_SET", "spec_at_or_below=2")
+    code, report = doctor(capsys, "--gate-set", "min_dwell_steps=8")
+    assert code == 0, failed(report)
+    checks = by_name(report)
+    assert checks["config file"] == {
+        "name": "config file",
+        "ok": True,
+        "detail": str(path),
+        "fix": "",
+        "source": "env",
+    }
+    rows = {
+        "setting policy": ("threshold", "file"),
+        "setting threshold.plain_above": ("16", "file"),
+        "setting threshold.spec_at_or_below": ("2", "env"),
+        "setting threshold.min_dwell_steps": ("8", "cli"),
+        "setting lazy_max_mib": ("2048", "default"),
+    }
+    for name, (value, source) in rows.items():
+        assert checks[name]["detail"].startswith(value + " ("), checks[name]
+        assert checks[name]["source"] == source
+
+
+def test_doctor_passes_every_flag_the_config_module_takes():
+    from eagle_gate.doctor import build_parser, resolve_arguments
+
+    wanted = {p for p in inspect.signature(resolve_config).parameters if "cli_" in p}
+    assert set(resolve_arguments(build_parser().parse_args([]))) == wanted
+
+
+def test_an_unsupported_sglang_names_the_supported_ones(capsys, monkeypatch):
+    monkeypatch.setattr(adapters, "installed_sglang_version", lambda: "0.4.1")
+    code, report = doctor(capsys)
+    assert code == 1
+    check = failed(report)["sglang"]
+    assert "SGLang 0.4.1 is not supported" in check["detail"]
+    assert "supported: 0.5.9, 0.5.23" in check["detail"]
+    assert "pip install 'sglang==0.5.23'" in check["fix"]
+    assert "--gate-allow-untested-sglang" in check["fix"]
+
+
+def test_an_untested_sglang_is_ok_when_allowed_and_the_targets_fit(capsys, monkeypatch):
+    major, minor, patch = VERSION.split(".")
+    untested = f"{major}.{minor}.{int(patch) + 1}"  # nearest: the installed one
+    monkeypatch.setattr(adapters, "installed_sglang_version", lambda: untested)
+    code, report = doctor(capsys, "--gate-allow-untested-sglang")
+    assert code == 0, failed(report)
+    assert f"SGLang {untested} is untested" in by_name(report)["sglang"]["detail"]
+
+
+@pytest.mark.parametrize("change", ["missing", "other signature"])
+def test_a_missing_or_changed_patch_target(capsys, monkeypatch, change):
+    if change == "missing":
+        target = ADAPTER.SCHEDULER_ENTRY_TARGET
+        module = importlib.import_module(target.module)
+        monkeypatch.delattr(module, target.qualname)
+        words = "does not exist"
+    else:
+        target = ADAPTER.WORKER_TARGET
+        owner, name = target.owner_and_name()
+
+        def forward_batch_generation(self, batch_of_another_name):
+            raise AssertionError("never called")
+
+        monkeypatch.setattr(owner, name, forward_batch_generation)
+        words = "eagle_gate expects them to start with"
+    code, report = doctor(capsys)
+    assert code == 1
+    problems = failed(report)
+    assert list(problems) == [f"patch {target.qualname}"]
+    check = problems[f"patch {target.qualname}"]
+    assert target.dotted in check["detail"] and words in check["detail"]
+    assert f"--force-reinstall --no-deps 'sglang=={VERSION}'" in check["fix"]
+
+
+def test_a_broken_policy_plugin(capsys, monkeypatch, tmp_path):
+    site = tmp_path / "site"
+    info = site / "eagle_gate_doctor_broken-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: eagle-gate-doctor-broken\nVersion: 0.1\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[eagle_gate]\nbroken = eagle_gate_doctor_no_such_module\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    code, report = doctor(capsys)
+    assert code == 1
+    problems = failed(report)
+    check = problems["plugin broken"]
+    assert "eagle_gate_doctor_no_such_module" in check["detail"]
+    assert "ModuleNotFoundError" in check["detail"]
+    assert "pip uninstall eagle-gate-doctor-broken" in check["fix"]
+    # the launcher would stop too: policies and settings cannot be resolved
+    assert {"policies", "settings"} <= set(problems)
+    assert by_name(report)["plugin builtin"]["ok"]
+
+
+def test_an_invalid_setting_from_the_environment(capsys, monkeypatch):
+    monkeypatch.setenv("EAGLE_GATE_POLICY", "threshold")
+    monkeypatch.setenv("EAGLE_GATE_SET", "plain_above=lots")
+    with pytest.raises(ConfigError) as own:
+        resolve_config(environ=dict(os.environ))
+    code, report = doctor(capsys)
+    assert code == 1
+    check = failed(report)["settings"]
+    assert check["detail"].startswith(str(own.value))
+    assert check["source"] == "env"
+    assert "plain_above in EAGLE_GATE_SET" in check["detail"]
+    assert check["fix"].startswith("correct or remove plain_above in EAGLE_GATE_SET")
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ('policy = "threshold"\n[settings]\nspec_at_or_below = "x"\n', "[settings] "),
+        ('draft_sync = "sometimes"\n', ""),
+    ],
+)
+def test_an_invalid_setting_from_a_config_file(capsys, tmp_path, text, key):
+    path = tmp_path / "gate.toml"
+    path.write_text(text)
+    name = "spec_at_or_below" if key else "draft_sync"
+    with pytest.raises(ConfigError) as own:
+        resolve_config(environ={}, cli_config=str(path))
+    code, report = doctor(capsys, "--gate-config", str(path))
+    assert code == 1
+    check = failed(report)["settings"]
+    assert check["detail"].startswith(str(own.value))
+    assert check["source"] == "file"
+    assert check["fix"].startswith(f"correct or remove {key}{name} in {path}")
+
+
+def test_a_missing_config_file_is_blamed_on_whoever_named_it(
+    capsys, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("EAGLE_GATE_CONFIG", str(tmp_path / "nowhere.toml"))
+    code, report = doctor(capsys)
+    assert code == 1
+    check = failed(report)["settings"]
+    assert "does not exist" in check["detail"]
+    assert check["source"] == "env"
+    assert check["fix"].startswith("correct or remove EAGLE_GATE_CONFIG")
+
+
+def test_a_world_writable_status_directory(capsys, tmp_path):
+    shared = tmp_path / "status"
+    shared.mkdir()
+    shared.chmod(0o777)
+    code, report = doctor(capsys, "--gate-status-dir", str(shared))
+    assert code == 1
+    check = failed(report)["status directory"]
+    assert "must be private to its owner" in check["detail"]
+    assert check["fix"] == f"chmod 700 {shared}"
+    shared.chmod(0o700)
+    code, report = doctor(capsys, "--gate-status-dir", str(shared))
+    assert code == 0, failed(report)
+    assert by_name(report)["status directory"]["detail"].endswith("mode 700")
+
+
+def test_a_status_directory_of_another_user(capsys, tmp_path, monkeypatch):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(theirs).st_uid + 4242)
+    code, report = doctor(capsys, "--gate-status-dir", str(theirs))
+    assert code == 1
+    check = failed(report)["status directory"]
+    assert "not to this user" in check["detail"]
+    assert check["fix"].startswith("chown ") and str(theirs) in check["fix"]
+
+
+def test_a_default_parent_open_to_all_without_the_sticky_bit(capsys, tmp_path):
+    parent = Path(tempfile.gettempdir())
+    parent.chmod(0o777)
+    code, report = doctor(capsys)
+    assert code == 1
+    check = failed(report)["status directory"]
+    assert "without the sticky bit" in check["detail"]
+    assert check["fix"].startswith(f"chmod +t {parent}")
+
+
+def test_a_status_directory_that_does_not_exist_yet_is_fine(capsys, tmp_path):
+    code, report = doctor(capsys, "--gate-status-dir", str(tmp_path / "a" / "b"))
+    assert code == 0, failed(report)
+    assert not (tmp_path / "a").exists()  # doctor only reads
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--enable-dp-attention"], DP_ATTENTION_REFUSAL),
+        (["--pp-size", "2"], PP_REFUSAL),
+        (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk 1"),
+        (["--speculative-algorithm", "NGRAM"], "supported: EAGLE, EAGLE3"),
+        pytest.param(
+            ["--speculative-use-rejection-sampling", "--gate-draft-sync", "lazy"],
+            "with rejection sampling",
+            marks=pytest.mark.skipif(not PLUGIN_LOADER, reason="0.5.23's refusal"),
+        ),
+        pytest.param(
+            ["--speculative-adaptive"],
+            "--speculative-adaptive",
+            marks=pytest.mark.skipif(not PLUGIN_LOADER, reason="0.5.23's refusal"),
+        ),
+        pytest.param(
+            ["--disable-overlap-schedule"],
+            "drop --disable-overlap-schedule",
+            marks=pytest.mark.skipif(PLUGIN_LOADER, reason="0.5.9's refusal"),
+        ),
+    ],
+)
+def test_a_refused_speculative_command_line(capsys, flags, words):
+    gate = [f for f in flags if f.startswith("--gate") or f == "lazy"]
+    sglang = [f for f in flags if f not in gate]
+    code, report = doctor(capsys, *gate, "--", *SPEC, *sglang)
+    assert code == 1
+    assert list(failed(report)) == ["speculative flags"]
+    check = failed(report)["speculative flags"]
+    assert check["detail"].startswith("refused: ") and words in check["detail"]
+    assert "change the SGLang command line" in check["fix"]
+
+
+@pytest.mark.skipif(not PLUGIN_LOADER, reason="SGLang 0.5.23's plugin group")
+def test_sglang_plugins_leaving_the_gate_out(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_PLUGINS", "other")
+    code, report = doctor(capsys)
+    assert code == 0  # nothing asks for the gate
+    monkeypatch.setenv("EAGLE_GATE_POLICY", "threshold")
+    code, report = doctor(capsys)
+    assert code == 1
+    assert "SGLANG_PLUGINS=other,eagle_gate" in failed(report)["sglang plugin"]["fix"]
+
+
+def test_the_console_script(tmp_path):
+    script = Path(sys.executable).parent / "eagle-gate"
+    assert script.exists(), "eagle_gate is not installed with its console script"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLE_GATE_")}
+    env.pop("SGLANG_PLUGINS", None)
+    env["TMPDIR"] = str(tmp_path)
+    env["EAGLE_GATE_SET"] = "plain_above=lots"
+    env["EAGLE_GATE_POLICY"] = "threshold"
+    out = subprocess.run(
+        [str(script), "doctor", "--", *SPEC, "--enable-dp-attention"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 1, out.stderr
+    assert "  FAIL  settings " in out.stdout
+    assert "  FAIL  speculative flags " in out.stdout
+    assert "2 problems:" in out.stdout
+    assert "    fix: correct or remove plain_above in EAGLE_GATE_SET" in out.stdout
