@@ -405,6 +405,36 @@ def test_policy_estimates_are_exported(server):
     assert code == 202
 
 
+def test_dashboard_and_alert_queries_match_the_scrape(server):
+    """Every metric and label in the example dashboard and alert rules
+    (examples/monitoring/) is on this server's /metrics, so a renamed metric
+    fails here and not in Grafana. The server gates nothing (no speculation
+    on CPU here; test_spec_e2e checks a speculating server too), but exports
+    every series; the estimating policy gives the estimates one."""
+    from support.monitoring import all_queries, problems, scrape_labels
+
+    base = server.base_url
+    code, reply = http("POST", f"{base}/eagle_gate/policy", {"policy": "estimating"})
+    assert code == 202, reply
+
+    def scraped():
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
+            text = r.read().decode()
+        ready = (
+            'name="spec_tokens_per_s"' in text
+            and 'eagle_gate_status_agreement{dp_rank="0"} 1.0' in text
+        )
+        return text if ready else None
+
+    try:
+        text = wait_for(scraped)
+        assert text, "no estimates or no status agreement 1 on /metrics"
+        assert problems(all_queries(), scrape_labels(text)) == []
+    finally:
+        code, _ = http("POST", f"{base}/eagle_gate/policy", {"policy": "threshold"})
+        assert code == 202
+
+
 # -- API key -----------------------------------------------------------------------
 def test_runtime_change_needs_the_api_key(keyed_server):
     url = f"{keyed_server.base_url}/eagle_gate/policy"

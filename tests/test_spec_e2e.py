@@ -42,6 +42,7 @@ from support.gated_server import (
     status,
     with_pythonpath,
 )
+from support.monitoring import all_queries, problems, scrape_labels
 from support.server import free_port, running_server
 from support.spec_server import (
     baseline_server_args,
@@ -551,6 +552,23 @@ def test_the_decision_log_replays_through_the_simulator(gated):
     )
     assert out.returncode == 0, out.stderr
     assert "decisions" in out.stdout
+
+
+def test_dashboard_and_alert_queries_match_a_speculating_scrape(gated):
+    """Every metric and label in the example dashboard and alert rules
+    (examples/monitoring/) is on the /metrics of this speculating server, so a
+    renamed metric fails here and not in Grafana. No policy of this server
+    has estimates(), so eagle_gate_policy_estimate has no series here (the
+    check of test_ops_server.py has one)."""
+    operations_only(gated)
+    text = metrics_text(gated.base_url)
+    assert 'eagle_gate_status_agreement{dp_rank="0"} 1.0' in text
+    found = problems(
+        all_queries(),
+        scrape_labels(text),
+        absent_ok={"eagle_gate_policy_estimate"},
+    )
+    assert found == []
 
 
 # -- refusals on a real speculative launch ----------------------------------------

@@ -26,6 +26,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from eagle_gate.ops import STAGES as OPS_STAGES
 from eagle_gate.runtime import MODE_NAMES, Overrides, PolicyErrors, policy_estimates
 
 __all__ = ["METRICS", "GateMetrics", "metrics_wanted", "DWELL_BUCKETS"]
@@ -138,7 +139,34 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "Relative throughput gain the policy estimates it would have reached "
         "over the shadow-mode steps so far (0.1: +10%); NaN while unknown",
     ),
+    "eagle_gate_decision_log_dropped_total": (
+        "counter",
+        ("kind",),
+        "Decision-log records left out by the rate limit "
+        "(EAGLE_GATE_DECISION_LOG_RATE), by kind: decisions, outcomes (0 while "
+        "the log is off)",
+    ),
+    "eagle_gate_status_agreement": (
+        "gauge",
+        (),
+        "1 when every live scheduler of this server reports the same policy, "
+        "settings, configuration version and shadow mode (agreement.all of "
+        "the status), else 0. One process exports it: TP rank 0 of the lowest "
+        "DP rank (dp_rank 0), from its background thread, reading the status "
+        "directory at most once per round (about a second); 0 until its first "
+        "check and while the directory cannot be read",
+    ),
+    "eagle_gate_ops_errors_total": (
+        "counter",
+        ("stage",),
+        "Failed rounds of the background thread, by stage: control, metrics, "
+        "decision_log, status (this process; every process counts its own in "
+        "ops.errors of its status record)",
+    ),
 }
+
+#: the kinds of records the decision log's rate limit drops.
+DROPPED_KINDS = ("decisions", "outcomes")
 
 
 def metrics_wanted(environ: Mapping[str, str] | None = None) -> bool:
@@ -217,6 +245,22 @@ class GateMetrics:
             for mode in MODE_NAMES
         ]
         self.shadow_gain = m["eagle_gate_shadow_estimated_gain"].labels(dp)
+        self.dropped = {
+            kind: m["eagle_gate_decision_log_dropped_total"].labels(kind, dp)
+            for kind in DROPPED_KINDS
+        }
+        self.ops_errors = {
+            stage: m["eagle_gate_ops_errors_total"].labels(stage, dp)
+            for stage in OPS_STAGES
+        }
+        #: only DP rank 0 (this is TP rank 0) says whether the server agrees:
+        #: one series per server, and no other rank's 0 to mistake for "no".
+        self.exports_agreement = not dp_rank
+        self.agreement = (
+            m["eagle_gate_status_agreement"].labels(dp)
+            if self.exports_agreement
+            else None
+        )
         self._info_labels: tuple[str, ...] | None = None
         self._estimate_names: set[str] = set()
         self._last: dict[str, int] = {}
@@ -268,6 +312,10 @@ class GateMetrics:
             self._add(f"shadow{i}", self.shadow_decisions[i], ledger.decisions[i])
         gain = ledger.estimated_gain()
         self.shadow_gain.set(float("nan") if gain is None else gain)
+        log = rt.decision_log
+        if log is not None:
+            for kind, child in self.dropped.items():
+                self._add(f"drop:{kind}", child, getattr(log, f"dropped_{kind}"))
         current = rt.current_mode
         if current is not None:
             self.mode[current].set(1)
@@ -291,3 +339,17 @@ class GateMetrics:
         for name, value in estimates.items():
             gauge.labels(name, self.dp).set(value)
         self._estimate_names.update(estimates)
+
+    def export_ops(self, stage_errors: Mapping[str, int]) -> None:
+        """Bring ``eagle_gate_ops_errors_total`` up to the ops thread's counts."""
+        for stage, count in dict(stage_errors).items():
+            child = self.ops_errors.get(stage)
+            if child is None:
+                child = self.m["eagle_gate_ops_errors_total"].labels(stage, self.dp)
+                self.ops_errors[stage] = child
+            self._add(f"ops:{stage}", child, count)
+
+    def set_status_agreement(self, agree: bool) -> None:
+        """Set ``eagle_gate_status_agreement`` (only where this process exports it)."""
+        if self.agreement is not None:
+            self.agreement.set(1 if agree else 0)

@@ -47,7 +47,7 @@ from typing import Any
 
 from eagle_gate.config import ConfigError
 from eagle_gate.control import ControlAgreement, ControlFile, config_from_request
-from eagle_gate.status import write_process_status
+from eagle_gate.status import aggregate, read_status, write_process_status
 from eagle_gate.statusdir import StatusDir, as_status_dir
 
 logger = logging.getLogger("eagle_gate")
@@ -188,6 +188,8 @@ class OpsService:
         self.status_path: Path | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: when the status directory was last read for the agreement gauge.
+        self._agreement_at: float | None = None
         if gated and control_available:
             runtime.on_tick = ControlAgreement(
                 runtime,
@@ -245,7 +247,30 @@ class OpsService:
             rt.apply_config(config_from_request(text, rt.config), version)
 
     def _export_metrics(self) -> None:
-        self.metrics.export(self.runtime)
+        metrics = self.metrics
+        metrics.export(self.runtime)
+        export_ops = getattr(metrics, "export_ops", None)
+        if export_ops is not None:
+            export_ops(self.stage_errors)
+        if getattr(metrics, "exports_agreement", False):
+            self._export_agreement()
+
+    def _export_agreement(self) -> None:
+        """``eagle_gate_status_agreement`` from the status directory, read at
+        most once per interval (this runs on one process: TP rank 0 of DP
+        rank 0). An unreadable directory sets 0 and fails the stage."""
+        now = self._clock()
+        last = self._agreement_at
+        if last is not None and 0 <= now - last < 0.9 * self.settings.interval_s:
+            return
+        self._agreement_at = now
+        try:
+            records = read_status(self.directory, self.extra.get("launch_id"))
+            agree = bool(aggregate(self.directory, records)["agreement"]["all"])
+        except Exception:
+            self.metrics.set_status_agreement(False)
+            raise
+        self.metrics.set_status_agreement(agree)
 
     def _flush_log(self) -> None:
         self.runtime.decision_log.flush()

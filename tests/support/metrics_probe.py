@@ -22,15 +22,21 @@ print(generate_latest(registry).decode())
 """
 
 
-def scrape_lines(multiproc_dir: Path, script: str) -> set[str]:
-    """Run ``script`` (which exports through ``GateMetrics``), then scrape."""
+def scrape_text(multiproc_dir: Path, script: str, *args: str) -> str:
+    """Run ``script`` (which exports through ``GateMetrics``) with ``args``,
+    then scrape; return the exposition text."""
     env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(multiproc_dir))
     out = subprocess.run(
-        [sys.executable, "-c", script + SCRAPE],
+        [sys.executable, "-c", script + SCRAPE, *args],
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
-    return set(out.stdout.splitlines())
+    return out.stdout
+
+
+def scrape_lines(multiproc_dir: Path, script: str, *args: str) -> set[str]:
+    """:func:`scrape_text`, as a set of lines."""
+    return set(scrape_text(multiproc_dir, script, *args).splitlines())
