@@ -25,6 +25,12 @@ says what it replaces and why it is exact. Test-only switches, off by default:
   backend), FA3 and trtllm_mha declare False, FlashInfer and most others True.
   ``1`` makes the scheduler run as with FlashInfer, ``0`` as with FA3; unset,
   SGLang's own decision stands.
+* ``EAGLE_GATE_CI_PLAIN_GRAPHS=construct`` (both versions): after the gate
+  decided its plain-step CUDA graphs (off on CPU: ``device_not_cuda``), build
+  the real plain attention backend and the real plain DECODE runner of the
+  gate's adapter (docs/plain-graphs.md T2) with the runner's ``capture()`` a
+  no-op, check them, record the checks in ``plain_graphs.report`` of the
+  gate's status and drop them again. The plain step stays eager.
 
 Every stand-in counts its calls per process (``calls()``); with
 ``EAGLE_GATE_CI_SPEC_LOG=1`` the first call of each, and every patch applied,
@@ -47,6 +53,7 @@ FORCE_OVERLAP = os.environ.get("EAGLE_GATE_CI_FORCE_OVERLAP") == "1"
 CPU_SEQLENS = {"1": True, "0": False}.get(
     os.environ.get("EAGLE_GATE_CI_CPU_SEQLENS", "")
 )
+PLAIN_GRAPHS = os.environ.get("EAGLE_GATE_CI_PLAIN_GRAPHS", "")
 
 STUB_MARK = "eagle-gate-cpu-stub"  # in the stand-in sgl_kernel's __version__
 PREFIX = "[eagle_gate_ci_spec]"
@@ -655,6 +662,187 @@ def _hooks_0_5_9() -> dict:
 
 
 # --------------------------------------------------------------------------
+# The gate's plain-step CUDA graphs, constructed without capture (T2)
+# --------------------------------------------------------------------------
+
+
+def _patch_gate_plain_graphs(mod):
+    """Test switch EAGLE_GATE_CI_PLAIN_GRAPHS=construct (see the module doc)."""
+    original = mod.plain_graphs_for_scheduler
+
+    def plain_graphs_for_scheduler(adapter, scheduler, config, **kwargs):
+        graphs = original(adapter, scheduler, config, **kwargs)
+        if kwargs.get("gated") and graphs.reason == "device_not_cuda":
+            try:
+                graphs.report = _construct_plain_graphs(mod, adapter, scheduler)
+            except Exception as exc:  # the test reads it from the status
+                graphs.report = {"error": repr(exc)}
+            _count("plain_graphs(construct)")
+        return graphs
+
+    mod.plain_graphs_for_scheduler = plain_graphs_for_scheduler
+    _applied("eagle_gate plain graphs: construct without capture")
+
+
+def _count_calls(obj, name: str, counts: dict, key: str) -> None:
+    """Count calls of ``obj.name`` (an instance attribute shadowing the method)."""
+    method = getattr(obj, name)
+
+    def counted(*args, **kwargs):
+        counts[key] = counts.get(key, 0) + 1
+        return method(*args, **kwargs)
+
+    setattr(obj, name, counted)
+
+
+def _construct_plain_graphs(base, adapter, scheduler) -> dict:
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardMode,
+    )
+
+    mr = base.target_model_runner(scheduler)
+    ndt = int(scheduler.draft_worker.speculative_num_draft_tokens)
+    before = {
+        "attn_backend": mr.attn_backend,
+        "graph": getattr(mr, adapter.GRAPH_ATTR, None),
+        "spec_algorithm": mr.spec_algorithm,
+        "aux": getattr(mr, "eagle_use_aux_hidden_state", None),
+        "layers": list(
+            getattr(getattr(mr.model, "model", None), "layers_to_capture", []) or []
+        ),
+        "init_new_workspace": getattr(mr, "init_new_workspace", None),
+    }
+    counts: dict = {}
+    captures: list = []
+
+    class Construct(adapter._plain_runner_cls()):
+        def capture(self, *args, **kwargs):
+            captures.append(1)  # a CUDA graph cannot be recorded on CPU
+
+    if adapter.NAME == "sglang-0.5.9":
+        from sglang.srt.model_executor.cuda_graph_runner import (
+            get_batch_sizes_to_capture,
+        )
+    else:
+        from sglang.srt.model_executor.runner.base_cuda_graph_runner import (
+            get_batch_sizes_to_capture,
+        )
+    expected_bs, _ = get_batch_sizes_to_capture(mr, ndt)
+    shared = {}
+    if getattr(mr, "graph_shared_output", False) is None:
+        # 0.5.23 creates its process-shared logits buffer only where decode
+        # graphs are on (never on CPU); on a GPU the verify set's buffer
+        # (max_bs * num_draft_tokens rows) is there and holds the plain set's.
+        from sglang.srt.model_executor.graph_shared_output import GraphSharedOutput
+
+        shared["graph_shared_output"] = GraphSharedOutput(
+            device=mr.device, max_rows=max(expected_bs) * ndt
+        )
+    _count_calls(mr.attn_backend, "init_cuda_graph_state", counts, "verify_backend")
+    try:
+        backend = adapter.build_plain_backend(mr)
+        _count_calls(backend, "init_cuda_graph_state", counts, "plain_backend")
+        with base.swap_attrs(mr, **shared):
+            runner = adapter.build_plain_runner(mr, backend, cls=Construct)
+    finally:
+        del mr.attn_backend.init_cuda_graph_state  # the class's method again
+    if adapter.NAME == "sglang-0.5.9":
+        width = runner.num_tokens_per_bs
+    else:
+        width = runner.captured_req_width
+    after_layers = list(
+        getattr(getattr(mr.model, "model", None), "layers_to_capture", []) or []
+    )
+    graphs = base.PlainGraphs(
+        state="captured",
+        runner=runner,
+        backend=backend,
+        capture_bs=tuple(runner.capture_bs),
+        max_bs=int(runner.max_bs),
+        disable_padding=bool(runner.disable_padding),
+    )
+    agree = {}
+    for bs in sorted({1, runner.max_bs, runner.max_bs + 1}):
+        for hidden in (
+            CaptureHiddenMode.NULL,
+            CaptureHiddenMode.LAST,
+            CaptureHiddenMode.FULL,
+        ):
+            batch = SimpleNamespace(
+                batch_size=bs,
+                forward_mode=ForwardMode.DECODE,
+                capture_hidden_mode=hidden,
+                spec_info=None,
+                replace_embeds=None,
+                encoder_lens=None,
+                can_run_tbo=False,
+                lora_ids=None,
+                input_ids=SimpleNamespace(numel=lambda bs=bs: bs),
+                global_num_tokens_cpu=None,
+            )
+            check = getattr(runner, "can_run", None) or runner.can_run_graph
+            try:
+                ran = bool(check(batch))
+            except Exception as exc:
+                ran = repr(exc)
+            agree[f"{bs}:{hidden.name}"] = [
+                ran,
+                base.select_plain_path(graphs, bs)[0] == "graph",
+            ]
+    report = {
+        "runner_class": type(runner).__mro__[1].__name__,
+        "shared_logits_stand_in": bool(shared),
+        "captures_stubbed": len(captures),
+        "forward_mode": runner.capture_forward_mode.name,
+        "width": int(width),
+        "hidden_mode": CaptureHiddenMode(runner.capture_hidden_mode).name,
+        "spec_info_none": runner.get_spec_info(int(runner.max_bs)) is None,
+        "capture_bs": sorted(set(runner.capture_bs)),
+        "expected_bs": sorted(set(expected_bs)),
+        "max_bs": int(runner.max_bs),
+        "backend_class": type(backend).__name__,
+        "verify_backend_class": type(before["attn_backend"]).__name__,
+        "backend_is_new": backend is not before["attn_backend"],
+        "runner_backend_is_plain": getattr(runner, "attn_backend", backend) is backend,
+        "init_cuda_graph_state": {
+            "plain_backend": counts.get("plain_backend", 0),
+            "verify_backend": counts.get("verify_backend", 0),
+        },
+        "model_runner_unchanged": {
+            "attn_backend": mr.attn_backend is before["attn_backend"],
+            "graph_attr": getattr(mr, adapter.GRAPH_ATTR, None) is before["graph"],
+            "spec_algorithm": mr.spec_algorithm is before["spec_algorithm"],
+            "eagle_use_aux_hidden_state": getattr(
+                mr, "eagle_use_aux_hidden_state", None
+            )
+            == before["aux"],
+            "layers_to_capture": after_layers == before["layers"],
+            "init_new_workspace": getattr(mr, "init_new_workspace", None)
+            == before["init_new_workspace"],
+        },
+        "can_run_vs_select": agree,
+    }
+    if hasattr(runner, "capture_prepare"):
+        try:
+            fb = runner.capture_prepare(1)
+            fb = fb[0] if isinstance(fb, tuple) else fb
+            fb = getattr(fb, "forward_batch", fb)
+            report["capture_prepare"] = {
+                "forward_mode": fb.forward_mode.name,
+                "spec_info_none": fb.spec_info is None,
+                "hidden_mode": CaptureHiddenMode(fb.capture_hidden_mode).name,
+                "input_ids": int(fb.input_ids.numel()),
+            }
+        except Exception as exc:
+            report["capture_prepare"] = {"error": repr(exc)}
+    del graphs, runner, backend
+    return report
+
+
+# --------------------------------------------------------------------------
 # Installation
 # --------------------------------------------------------------------------
 
@@ -700,7 +888,10 @@ def install() -> bool:
         _log("TRITON_INTERPRET is not 1: SGLang's Triton kernels need it on CPU")
     import wrapt
 
-    for module_name, hook in make_hooks().items():
+    hooks = make_hooks()
+    if PLAIN_GRAPHS == "construct":
+        hooks["eagle_gate.adapters._base"] = _patch_gate_plain_graphs
+    for module_name, hook in hooks.items():
         wrapt.register_post_import_hook(hook, module_name)
     _log(f"installed for SGLang {version}")
     return True

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["TimingAgreement", "DEFAULT_EVERY"]
+__all__ = ["TimingAgreement", "DEFAULT_EVERY", "torch_min_agreement"]
 
 #: decode steps between two agreements (one broadcast each).
 DEFAULT_EVERY = 16
@@ -103,3 +103,20 @@ def torch_timing_broadcast(cpu_group: Any) -> Callable[[list[Any]], list[Any]]:
         return [n] + [None if math.isnan(v) else v for v in intervals.tolist()]
 
     return broadcast
+
+
+def torch_min_agreement(cpu_group: Any) -> Callable[[bool], bool]:
+    """``agree(ok) -> all ranks ok``: a MIN all-reduce of one int64 over a gloo
+    CPU group (the attention-TP group), so every rank takes the same start-up
+    branch (plain-step CUDA graphs: capture on all ranks or on none). Every
+    rank must call it the same number of times. Imports torch only when called.
+    """
+    import torch
+    import torch.distributed as dist
+
+    def agree(ok: bool) -> bool:
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=cpu_group)
+        return bool(int(flag[0]))
+
+    return agree

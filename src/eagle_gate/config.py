@@ -5,17 +5,19 @@ Sources, highest precedence first:
 1. command line: ``--gate-policy NAME``, ``--gate-set KEY=VALUE`` (repeatable),
    ``--gate-config FILE.toml``, ``--gate-status-dir DIR``,
    ``--gate-draft-sync eager|lazy|none``, ``--gate-plain-step on|off``,
-   ``--gate-lazy-max-mib N``, ``--gate-shadow``;
+   ``--gate-lazy-max-mib N``, ``--gate-shadow``,
+   ``--gate-plain-graphs auto|on|off``;
 2. environment: ``EAGLE_GATE_POLICY``, ``EAGLE_GATE_SET`` ("k=v,k2=v2"),
    ``EAGLE_GATE_CONFIG``, ``EAGLE_GATE_STATUS_DIR``, ``EAGLE_GATE_DRAFT_SYNC``,
    ``EAGLE_GATE_PLAIN_STEP``, ``EAGLE_GATE_LAZY_MAX_MIB``,
-   ``EAGLE_GATE_SHADOW`` (on/off);
+   ``EAGLE_GATE_SHADOW`` (on/off), ``EAGLE_GATE_PLAIN_GRAPHS``;
 3. the TOML config file (from 1 or 2)::
 
        policy = "threshold"
        status_dir = "/run/eagle_gate"
        draft_sync = "eager"
        plain_step = true
+       plain_graphs = "auto"
        shadow = false
 
        [settings]
@@ -72,12 +74,16 @@ ENV_DRAFT_SYNC = "EAGLE_GATE_DRAFT_SYNC"
 ENV_PLAIN_STEP = "EAGLE_GATE_PLAIN_STEP"
 ENV_LAZY_MAX_MIB = "EAGLE_GATE_LAZY_MAX_MIB"
 ENV_SHADOW = "EAGLE_GATE_SHADOW"
+ENV_PLAIN_GRAPHS = "EAGLE_GATE_PLAIN_GRAPHS"
 #: default bound of the lazy draft-sync buffer, per scheduler process.
 DEFAULT_LAZY_MAX_MIB = 2048
 
 #: how a plain step keeps the EAGLE draft model's state (see README).
 DRAFT_SYNC_CHOICES = ("eager", "lazy", "none")
 DEFAULT_DRAFT_SYNC = "eager"
+#: whether the plain step gets its own DECODE CUDA-graph set (docs/plain-graphs.md).
+PLAIN_GRAPHS_CHOICES = ("auto", "on", "off")
+DEFAULT_PLAIN_GRAPHS = "auto"
 #: turns the gate on with all defaults (0.5.23's stock launcher path).
 ENV_ENABLE = "EAGLE_GATE_ENABLE"
 
@@ -87,6 +93,7 @@ _FILE_KEYS = {
     "status_dir",
     "draft_sync",
     "plain_step",
+    "plain_graphs",
     "lazy_max_mib",
     "shadow",
 }
@@ -112,6 +119,10 @@ class GateConfig:
     #: shadow mode: the policy is asked and observes as usual, but every step
     #: runs SGLang's stock speculative step; what it would have run is counted.
     shadow: bool = False
+    #: DECODE CUDA graphs for the plain step: "auto" (capture when possible,
+    #: else eager), "on" (refuse the launch when they cannot be captured),
+    #: "off" (plain steps always run the target eagerly).
+    plain_graphs: str = DEFAULT_PLAIN_GRAPHS
 
     def to_json(self) -> str:
         return json.dumps(
@@ -123,6 +134,7 @@ class GateConfig:
                 "plain_step": self.plain_step,
                 "lazy_max_mib": self.lazy_max_mib,
                 "shadow": self.shadow,
+                "plain_graphs": self.plain_graphs,
             },
             sort_keys=True,
         )
@@ -139,7 +151,15 @@ class GateConfig:
                 plain_step=bool(data.get("plain_step", True)),
                 lazy_max_mib=int(data.get("lazy_max_mib", DEFAULT_LAZY_MAX_MIB)),
                 shadow=bool(data.get("shadow", False)),
+                plain_graphs=_choice(
+                    "plain_graphs",
+                    data.get("plain_graphs"),
+                    PLAIN_GRAPHS_CHOICES,
+                    DEFAULT_PLAIN_GRAPHS,
+                ),
             )
+        except ConfigError:
+            raise
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"{ENV_RESOLVED} is not valid: {exc}") from exc
 
@@ -222,6 +242,7 @@ def resolve_config(
     cli_plain_step: str | None = None,
     cli_lazy_max_mib: str | None = None,
     cli_shadow: str | None = None,
+    cli_plain_graphs: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> GateConfig:
     """Merge all sources by precedence and validate the result completely.
@@ -250,6 +271,19 @@ def resolve_config(
         cli_plain_step if cli_plain_step is not None else env.get(ENV_PLAIN_STEP),
         file_data.get("plain_step", True),
     )
+
+    plain_graphs = _choice(
+        "plain_graphs",
+        cli_plain_graphs or env.get(ENV_PLAIN_GRAPHS) or file_data.get("plain_graphs"),
+        PLAIN_GRAPHS_CHOICES,
+        DEFAULT_PLAIN_GRAPHS,
+    )
+    if plain_graphs == "on" and not plain_step:
+        raise ConfigError(
+            "plain_graphs: 'on' needs the plain step, but plain_step is off; "
+            "with --gate-plain-step off no plain step runs, so there is nothing "
+            "to capture (use --gate-plain-graphs auto or off)"
+        )
 
     shadow = _switch(
         "shadow",
@@ -283,6 +317,7 @@ def resolve_config(
         plain_step=plain_step,
         lazy_max_mib=lazy_max_mib,
         shadow=shadow,
+        plain_graphs=plain_graphs,
     )
     try:
         config.create_policy()

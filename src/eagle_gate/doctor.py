@@ -56,6 +56,7 @@ _FIELDS: dict[str, tuple[str, str]] = {
     "plain_step": ("gate_plain_step", config.ENV_PLAIN_STEP),
     "lazy_max_mib": ("gate_lazy_max_mib", config.ENV_LAZY_MAX_MIB),
     "shadow": ("gate_shadow", config.ENV_SHADOW),
+    "plain_graphs": ("gate_plain_graphs", config.ENV_PLAIN_GRAPHS),
 }
 
 

@@ -75,6 +75,14 @@ def add_gate_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup
         "as overrides (env EAGLE_GATE_PLAIN_STEP; default on)",
     )
     parser.add_argument(
+        "--gate-plain-graphs",
+        choices=("auto", "on", "off"),
+        help="DECODE CUDA graphs for the plain step: auto (capture at start when "
+        "possible, else run plain steps eagerly), on (refuse the launch when they "
+        "cannot be captured), off (always eager) (env EAGLE_GATE_PLAIN_GRAPHS; "
+        "default auto)",
+    )
+    parser.add_argument(
         "--gate-shadow",
         nargs="?",
         const="on",
@@ -170,6 +178,7 @@ def prepare(argv: Sequence[str], environ: dict | None = None):
         cli_plain_step=gate_args.gate_plain_step,
         cli_lazy_max_mib=gate_args.gate_lazy_max_mib,
         cli_shadow=gate_args.gate_shadow,
+        cli_plain_graphs=gate_args.gate_plain_graphs,
         environ=env,
     )
     check_environment(env)

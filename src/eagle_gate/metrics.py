@@ -27,7 +27,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from eagle_gate.ops import STAGES as OPS_STAGES
-from eagle_gate.runtime import MODE_NAMES, Overrides, PolicyErrors, policy_estimates
+from eagle_gate.runtime import (
+    MODE_NAMES,
+    PLAIN_EAGER_REASONS,
+    PLAIN_PATHS,
+    Overrides,
+    PolicyErrors,
+    policy_estimates,
+)
 
 __all__ = ["METRICS", "GateMetrics", "metrics_wanted", "DWELL_BUCKETS"]
 
@@ -100,6 +107,25 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "counter",
         (),
         "Plain steps that raised (the stock step ran instead)",
+    ),
+    "eagle_gate_plain_steps_total": (
+        "counter",
+        ("path",),
+        "Plain steps by how the target ran: graph (the plain step's own DECODE "
+        "CUDA graphs) or eager",
+    ),
+    "eagle_gate_plain_eager_total": (
+        "counter",
+        ("reason",),
+        "Plain steps that ran the target eagerly, by reason: graphs_off (no "
+        "plain graphs in this process, see plain_graphs.reason in the status), "
+        "bs_above_max, bs_not_captured, declined (SGLang's own check refused)",
+    ),
+    "eagle_gate_plain_graph_memory_mib": (
+        "gauge",
+        (),
+        "MiB the plain step's DECODE CUDA graphs and their attention backend "
+        "took at start on this TP rank (0 when they are off)",
     ),
     "eagle_gate_degraded": (
         "gauge",
@@ -236,6 +262,15 @@ class GateMetrics:
         }
         self.slow = m["eagle_gate_slow_decisions_total"].labels(dp)
         self.plain_failures = m["eagle_gate_plain_step_failures_total"].labels(dp)
+        self.plain_paths = {
+            path: m["eagle_gate_plain_steps_total"].labels(path, dp)
+            for path in PLAIN_PATHS
+        }
+        self.plain_eager = {
+            r: m["eagle_gate_plain_eager_total"].labels(r, dp)
+            for r in PLAIN_EAGER_REASONS
+        }
+        self.plain_graph_mib = m["eagle_gate_plain_graph_memory_mib"].labels(dp)
         self.degraded = m["eagle_gate_degraded"].labels(dp)
         self.config_version = m["eagle_gate_config_version"].labels(dp)
         self.ratio = m["eagle_gate_spec_step_ratio"].labels(dp)
@@ -304,6 +339,15 @@ class GateMetrics:
             self._add(f"ovr:{reason}", child, count)
         self._add("slow", self.slow, rt.slow_decisions)
         self._add("plainfail", self.plain_failures, rt.plain_step_failures)
+        for path, child in self.plain_paths.items():
+            self._add(f"ppath:{path}", child, rt.plain_path.get(path, 0))
+        for reason, count in dict(rt.plain_eager_reasons).items():
+            child = self.plain_eager.get(reason)
+            if child is None:
+                child = self.m["eagle_gate_plain_eager_total"].labels(reason, self.dp)
+                self.plain_eager[reason] = child
+            self._add(f"peager:{reason}", child, count)
+        self.plain_graph_mib.set(rt.plain_graphs.get("memory_mib") or 0.0)
         self.degraded.set(1 if rt.degraded is not None else 0)
         self.config_version.set(rt.config_version)
         ledger = rt.shadow_ledger

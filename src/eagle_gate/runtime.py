@@ -57,6 +57,9 @@ DECIDED_ERROR = 2
 DECIDED_NOT_ASKED = 3
 DECIDED_NAMES = ("spec", "plain", "error", "not_asked")
 MODE_NAMES = ("spec", "plain")
+#: the plain step's target paths, and why one ran eagerly (docs/plain-graphs.md).
+PLAIN_PATHS = ("graph", "eager")
+PLAIN_EAGER_REASONS = ("graphs_off", "bs_above_max", "bs_not_captured", "declined")
 
 
 class Overrides:
@@ -204,6 +207,25 @@ class GateRuntime:
         #: with tp_size > 1: holds outcomes back and releases them with rank 0's
         #: timings at the same step on every rank (eagle_gate.agreement).
         self.agreement: Any = None
+        #: the plain step's DECODE CUDA graphs (docs/plain-graphs.md): the
+        #: status block, set at activation; off until then.
+        self.plain_graphs: dict[str, Any] = {
+            "setting": getattr(config, "plain_graphs", "auto"),
+            "state": "off",
+            "reason": None,
+            "capture_bs": [],
+            "max_bs": 0,
+            "disable_padding": False,
+            "memory_mib": None,
+            "backend_mib": None,
+            "graphs_mib": None,
+            "capture_s": None,
+            "attention_backend": None,
+            "report": None,
+        }
+        #: plain steps by the target's path, and why the eager ones were eager.
+        self.plain_path = dict.fromkeys(PLAIN_PATHS, 0)
+        self.plain_eager_reasons = dict.fromkeys(PLAIN_EAGER_REASONS, 0)
 
     # -- before a decode batch --------------------------------------------
     def decide(
@@ -496,6 +518,15 @@ class GateRuntime:
     def count_override(self, reason: str) -> None:
         self.overrides[reason] = self.overrides.get(reason, 0) + 1
 
+    def count_plain_path(self, path: str, reason: str | None = None) -> None:
+        """One plain step ran the target on ``path`` ("graph" or "eager");
+        ``reason``: why it was eager (see PLAIN_EAGER_REASONS)."""
+        self.plain_path[path] = self.plain_path.get(path, 0) + 1
+        if reason is not None:
+            self.plain_eager_reasons[reason] = (
+                self.plain_eager_reasons.get(reason, 0) + 1
+            )
+
     def _policy_error(self, reason: str, what: str) -> None:
         self.policy_errors += 1
         self.policy_errors_by_reason[reason] = (
@@ -596,6 +627,9 @@ class GateRuntime:
             "max_decide_s": self.max_decide_s,
             "overrides": dict(self.overrides),
             "plain_step_failures": self.plain_step_failures,
+            "plain_graphs": dict(self.plain_graphs),
+            "plain_path": dict(self.plain_path),
+            "plain_eager_reasons": dict(self.plain_eager_reasons),
             "degraded": self.degraded is not None,
             "degraded_reason": self.degraded,
             "degraded_at_step": self.degraded_at_step,

@@ -8,11 +8,13 @@ only holds the mechanism.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -318,6 +320,7 @@ def activate(
     config: GateConfig | None = None,
     control_group: Any = None,
     req_len: Callable[[Any], int] | None = None,
+    plain_graphs: PlainGraphs | None = None,
 ) -> GateRuntime:
     """Create this process's gate, log it once, write its status record and
     start its ops thread (status, metrics, decision log, runtime control).
@@ -350,9 +353,18 @@ def activate(
     ACTIVE.runtime = runtime if gated else None
     ACTIVE.gate = runtime
     ACTIVE.plain_step = plain_step
+    if plain_graphs is not None:
+        runtime.plain_graphs = plain_graphs.status()
+        plain_graphs.on_path = runtime.count_plain_path
+    if plain_graphs is not None and plain_graphs.captured:
+        target = (
+            f"target decode CUDA graphs up to bs {plain_graphs.max_bs}, eager above"
+        )
+    else:
+        why = plain_graphs.reason if plain_graphs is not None else None
+        target = "target eager, no decode CUDA graphs" + (f": {why}" if why else "")
     plain_mode = (
-        f"plain step on (target eager, no decode CUDA graphs; draft sync "
-        f"{config.draft_sync})"
+        f"plain step on ({target}; draft sync {config.draft_sync})"
         if plain_step is not None
         else "plain step off (PLAIN decisions run SPEC)"
     )
@@ -580,6 +592,14 @@ def activate_scheduler(
         )
     if gated and config.plain_step and config.draft_sync == "lazy":
         check_lazy_buffer(scheduler, server_args, config)
+    graphs = plain_graphs_for_scheduler(
+        adapter, scheduler, config, gated=gated, tp_rank=tp_rank, tp_size=tp_size
+    )
+    plain = (
+        adapter.make_plain_step(config.draft_sync, graphs=graphs)
+        if config.plain_step
+        else None
+    )
     return activate(
         adapter_name=adapter.NAME,
         sglang_version=adapter.SGLANG_VERSIONS[0],
@@ -592,12 +612,11 @@ def activate_scheduler(
             int(scheduler.draft_worker.speculative_num_draft_tokens) if gated else 1
         ),
         speculative_algorithm=getattr(server_args, "speculative_algorithm", None),
-        plain_step=(
-            adapter.make_plain_step(config.draft_sync) if config.plain_step else None
-        ),
+        plain_step=plain,
         config=config,
         control_group=getattr(scheduler, "attn_tp_cpu_group", None),
         req_len=adapter.committed_len,
+        plain_graphs=graphs,
     )
 
 
@@ -859,6 +878,396 @@ class eager_target:
 
     def __exit__(self, *exc: Any) -> None:
         setattr(self.model_runner, self.attribute, self.saved)
+
+
+# -- plain-step CUDA graphs (docs/plain-graphs.md) ---------------------------
+#: headroom needed before capture: this many times the estimate (§5.3).
+PLAIN_GRAPHS_HEADROOM = 1.25
+#: bytes of attention-backend graph state per (batch slot x context token), an
+#: upper bound over the backends of docs/plain-graphs.md §5.5 (FA3's four page
+#: tables at page size 1: 16 bytes).
+PLAIN_BACKEND_BYTES_PER_SLOT_TOKEN = 16
+
+
+@dataclass
+class PlainGraphs:
+    """The plain step's DECODE CUDA-graph set of one scheduler process (one TP
+    rank): a second target attention backend and a DECODE graph runner bound
+    to it, or the reason there is none (then plain steps run eagerly)."""
+
+    setting: str = "auto"
+    #: "captured", "off" (never tried) or "failed" (tried, dropped).
+    state: str = "off"
+    reason: str | None = None
+    backend: Any = None
+    runner: Any = None
+    capture_bs: tuple[int, ...] = ()
+    max_bs: int = 0
+    disable_padding: bool = False
+    backend_mib: float | None = None
+    graphs_mib: float | None = None
+    total_mib: float | None = None
+    capture_s: float | None = None
+    attention_backend: str | None = None
+    #: called with ``(path, reason)`` for every plain step; the runtime's
+    #: ``count_plain_path`` once the gate is active.
+    on_path: Callable[[str, str | None], None] | None = None
+    #: checks a test build recorded (CI's ``EAGLE_GATE_CI_PLAIN_GRAPHS``);
+    #: None otherwise.
+    report: dict[str, Any] | None = None
+
+    @property
+    def captured(self) -> bool:
+        return self.state == "captured" and self.runner is not None
+
+    def count(self, path: str, reason: str | None = None) -> None:
+        if self.on_path is not None:
+            self.on_path(path, reason)
+
+    def status(self) -> dict[str, Any]:
+        """The ``plain_graphs`` block of the gate's status (JSON-able)."""
+        return {
+            "setting": self.setting,
+            "state": self.state,
+            "reason": self.reason,
+            "capture_bs": list(self.capture_bs),
+            "max_bs": self.max_bs,
+            "disable_padding": self.disable_padding,
+            "memory_mib": self.total_mib,
+            "backend_mib": self.backend_mib,
+            "graphs_mib": self.graphs_mib,
+            "capture_s": self.capture_s,
+            "attention_backend": self.attention_backend,
+            "report": self.report,
+        }
+
+
+def select_plain_path(graphs: PlainGraphs | None, bs: int) -> tuple[str, str | None]:
+    """``("graph", None)`` when a plain step of ``bs`` requests can replay the
+    plain DECODE graphs, else ``("eager", reason)`` with the first reason that
+    applies (CPU fields only: no device synchronisation)."""
+    if graphs is None or not graphs.captured:
+        return "eager", "graphs_off"
+    if bs > graphs.max_bs:
+        return "eager", "bs_above_max"
+    if graphs.disable_padding and bs not in graphs.capture_bs:
+        return "eager", "bs_not_captured"
+    return "graph", None
+
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def swap_attrs(obj: Any, **values: Any):
+    """Set attributes of ``obj`` for the ``with`` block and put the old values
+    back in ``finally`` (an attribute that did not exist is deleted again)."""
+    saved = [(name, getattr(obj, name, _MISSING)) for name in values]
+    try:
+        for name, value in values.items():
+            setattr(obj, name, value)
+        yield obj
+    finally:
+        for name, value in reversed(saved):
+            if value is _MISSING:
+                try:
+                    delattr(obj, name)
+                except AttributeError:
+                    pass
+            else:
+                setattr(obj, name, value)
+
+
+def plain_target_forward(
+    model_runner: Any,
+    graph_attr: str,
+    graphs: PlainGraphs | None,
+    bs: int,
+    forward: Callable[[], Any],
+) -> tuple[Any, bool]:
+    """The plain step's target forward (docs/plain-graphs.md §5.2).
+
+    Graph path: bind the plain attention backend and the plain DECODE runner
+    (``graph_attr``: where the version keeps the target's graph runner) for
+    this forward only, as SGLang's own adaptive and UNO workers swap them;
+    SGLang's dispatch then replays or, if its own check refuses, runs eagerly
+    on the plain backend ("declined"). Eager path: today's
+    :class:`eager_target`. Returns ``(out, ran_graph)``; counts the path."""
+    path, reason = select_plain_path(graphs, bs)
+    if path == "graph":
+        with swap_attrs(
+            model_runner, **{"attn_backend": graphs.backend, graph_attr: graphs.runner}
+        ):
+            out = forward()
+        ran_graph = bool(getattr(out, "can_run_cuda_graph", False))
+        if not ran_graph:
+            path, reason = "eager", "declined"
+    else:
+        with eager_target(model_runner, graph_attr):
+            out = forward()
+        ran_graph = False
+    if graphs is not None:
+        graphs.count(path, reason)
+    return out, ran_graph
+
+
+def _device_type(device: Any) -> str:
+    return str(getattr(device, "type", device)).split(":")[0]
+
+
+def plain_graph_blockers(
+    model_runner: Any,
+    server_args: Any,
+    config: GateConfig,
+    version_blockers: Callable[[Any, Any], str | None] | None = None,
+) -> str | None:
+    """Why the plain step cannot have its own DECODE CUDA graphs here (a reason
+    code of docs/plain-graphs.md §5.4), or None. The device comes first: every
+    CPU server reports ``device_not_cuda``, whatever the setting."""
+    device = getattr(model_runner, "device", None)
+    if device is None:
+        device = getattr(server_args, "device", None)
+    if _device_type(device) != "cuda":
+        return "device_not_cuda"
+    if config.plain_graphs == "off":
+        return "setting_off"
+    if not config.plain_step:
+        return "plain_step_off"
+    if getattr(server_args, "enable_lora", False):
+        return "lora"
+    if getattr(server_args, "enable_two_batch_overlap", False):
+        return "two_batch_overlap"
+    if getattr(server_args, "enable_pdmux", False):
+        return "pdmux"
+    if model_runner is None:
+        return "no_target_graphs"
+    if version_blockers is not None:
+        return version_blockers(model_runner, server_args)
+    return None
+
+
+def target_model_runner(scheduler: Any) -> Any:
+    """The speculative target's model runner (both versions)."""
+    return scheduler.draft_worker.target_worker.model_runner
+
+
+def available_gpu_mib(model_runner: Any) -> float:
+    """SGLang's own free-memory reading (GB, after ``empty_cache``) in MiB."""
+    from sglang.srt.utils.common import get_available_gpu_memory
+
+    return (
+        float(get_available_gpu_memory(model_runner.device, model_runner.gpu_id)) * 1024
+    )
+
+
+def plain_graphs_estimate_mib(
+    max_bs: int, context_len: int, verify_mib: float
+) -> float:
+    """Upper bound of what the plain set allocates (§5.3): the backend's graph
+    state plus SGLang's measured verify-graph memory (a DECODE set needs fewer
+    tokens per graph than the verify set)."""
+    backend = max_bs * context_len * PLAIN_BACKEND_BYTES_PER_SLOT_TOKEN / 2**20
+    return backend + max(0.0, float(verify_mib))
+
+
+def _plain_graphs_agreement(group: Any) -> Callable[[bool], bool]:
+    from eagle_gate.agreement import torch_min_agreement
+
+    return torch_min_agreement(_tp_cpu_group(group))
+
+
+def _release_plain_graphs(graphs: PlainGraphs) -> None:
+    graphs.runner = graphs.backend = None
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # cleanup is best effort
+        pass
+
+
+def build_plain_graphs(
+    adapter: Any,
+    scheduler: Any,
+    config: GateConfig,
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    control_group: Any = None,
+    agree: Callable[[bool], bool] | None = None,
+    memory_mib: Callable[[Any], float] | None = None,
+) -> PlainGraphs:
+    """Build the plain step's DECODE graph set per docs/plain-graphs.md §5.3.
+
+    With ``tp_size > 1`` every rank calls ``agree`` exactly twice (before and
+    after capture; a MIN over the attention-TP CPU group), so all ranks capture
+    or none do. ``--gate-plain-graphs on`` turns every reason that leaves the
+    graphs off into :class:`GateRefused`.
+    """
+    graphs = PlainGraphs(setting=config.plain_graphs)
+    server_args = scheduler.server_args
+    memory_mib = memory_mib or available_gpu_mib
+    mr = None
+    try:
+        mr = target_model_runner(scheduler)
+    except AttributeError:
+        pass
+    reason = plain_graph_blockers(
+        mr, server_args, config, getattr(adapter, "version_blockers", None)
+    )
+    verify = None
+    if reason is None:
+        verify = getattr(mr, adapter.GRAPH_ATTR, None)
+        try:
+            estimate = plain_graphs_estimate_mib(
+                int(verify.max_bs),
+                int(mr.model_config.context_len),
+                adapter.verify_graph_mib(mr),
+            )
+            free = memory_mib(mr)
+            if free < PLAIN_GRAPHS_HEADROOM * estimate:
+                reason = "headroom"
+                logger.warning(
+                    "eagle_gate: %.1f MiB free on TP rank %d, plain decode CUDA "
+                    "graphs need up to %.1f MiB (x%.2f headroom)",
+                    free,
+                    tp_rank,
+                    estimate,
+                    PLAIN_GRAPHS_HEADROOM,
+                )
+        except Exception as exc:
+            reason = "headroom"
+            logger.warning("eagle_gate: no memory estimate for plain graphs: %r", exc)
+    if tp_size > 1:
+        agree = agree or _plain_graphs_agreement(control_group)
+        if not agree(reason is None) and reason is None:
+            reason = "tp_disagreement"
+    attempted = reason is None
+    if attempted:
+        tic = time.perf_counter()
+        try:
+            before = memory_mib(mr)
+            graphs.backend = adapter.build_plain_backend(mr)
+            after_backend = memory_mib(mr)
+            graphs.runner = adapter.build_plain_runner(mr, graphs.backend)
+            after = memory_mib(mr)
+            graphs.capture_s = round(time.perf_counter() - tic, 3)
+            graphs.backend_mib = round(before - after_backend, 1)
+            graphs.graphs_mib = round(after_backend - after, 1)
+            graphs.total_mib = round(before - after, 1)
+            graphs.capture_bs = tuple(int(b) for b in graphs.runner.capture_bs)
+            graphs.max_bs = int(graphs.runner.max_bs)
+            graphs.disable_padding = bool(
+                getattr(graphs.runner, "disable_padding", False)
+            )
+            graphs.attention_backend = type(graphs.backend).__name__
+        except Exception as exc:
+            reason = f"capture_failed: {exc!r}"
+            if config.plain_graphs == "on" and tp_size == 1:
+                _release_plain_graphs(graphs)
+                raise GateRefused(
+                    f"--gate-plain-graphs on: capturing the plain step's decode "
+                    f"CUDA graphs failed on TP rank {tp_rank}: {exc!r}"
+                ) from exc
+    if tp_size > 1:
+        if not agree(reason is None) and reason is None:
+            reason = "tp_disagreement"
+    if reason is None:
+        graphs.state = "captured"
+        logger.info(
+            "eagle_gate: plain decode CUDA graphs on TP rank %d: %d sizes (%d..%d), "
+            "%.1f MiB (attention backend %.1f, graphs %.1f), %.1f s",
+            tp_rank,
+            len(graphs.capture_bs),
+            min(graphs.capture_bs),
+            graphs.max_bs,
+            graphs.total_mib,
+            graphs.backend_mib,
+            graphs.graphs_mib,
+            graphs.capture_s,
+        )
+    else:
+        graphs.state = "failed" if attempted else "off"
+        graphs.reason = reason
+        if attempted:
+            _release_plain_graphs(graphs)
+            held = ""
+            try:
+                held = f"; {before - memory_mib(mr):.1f} MiB still held after cleanup"
+            except Exception:
+                pass
+            graphs.capture_bs, graphs.max_bs = (), 0
+            logger.warning(
+                "eagle_gate: plain decode CUDA graphs failed on TP rank %d (%s)%s; "
+                "plain steps run the target eagerly",
+                tp_rank,
+                reason,
+                held,
+            )
+        else:
+            logger.info(
+                "eagle_gate: plain decode CUDA graphs off on TP rank %d (%s); plain "
+                "steps run the target eagerly",
+                tp_rank,
+                reason,
+            )
+        if config.plain_graphs == "on":
+            raise GateRefused(
+                f"--gate-plain-graphs on, but the plain step's decode CUDA graphs "
+                f"are off on TP rank {tp_rank}: {reason}; use --gate-plain-graphs "
+                "auto to run plain steps eagerly instead"
+            )
+    return graphs
+
+
+def plain_graphs_for_scheduler(
+    adapter: Any,
+    scheduler: Any,
+    config: GateConfig,
+    *,
+    gated: bool,
+    tp_rank: int,
+    tp_size: int,
+) -> PlainGraphs:
+    """The plain graphs of this scheduler: built when gated with the plain step
+    on; any failure other than a refusal of ``on`` leaves them off (eager)."""
+    if not gated or not config.plain_step:
+        device = getattr(scheduler.server_args, "device", None)
+        if _device_type(device) != "cuda":
+            reason = "device_not_cuda"
+        else:
+            reason = "plain_step_off" if gated else "not_gated"
+        return PlainGraphs(setting=config.plain_graphs, reason=reason)
+    try:
+        return build_plain_graphs(
+            adapter,
+            scheduler,
+            config,
+            tp_rank=tp_rank,
+            tp_size=tp_size,
+            control_group=getattr(scheduler, "attn_tp_cpu_group", None),
+        )
+    except GateRefused:
+        raise
+    except Exception as exc:
+        if config.plain_graphs == "on":
+            raise GateRefused(
+                f"--gate-plain-graphs on: setting up the plain step's decode CUDA "
+                f"graphs failed: {exc!r}"
+            ) from exc
+        logger.exception(
+            "eagle_gate: setting up plain decode CUDA graphs failed; plain steps "
+            "run the target eagerly"
+        )
+        return PlainGraphs(
+            setting=config.plain_graphs,
+            state="failed",
+            reason=f"capture_failed: {exc!r}",
+        )
 
 
 class LazyDraftSync:

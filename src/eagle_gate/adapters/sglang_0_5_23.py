@@ -34,13 +34,14 @@ from eagle_gate.adapters._base import (
     activate_scheduler,
     check_speculation,
     common_plain_blocker,
-    eager_target,
     flat_plain_tokens,
     kv_slots,
     make_worker_wrapper,
+    plain_target_forward,
     resolver_wrapper,
     scheduler_init_wrapper,
     spread_rows,
+    swap_attrs,
 )
 
 SGLANG_VERSIONS = ("0.5.23",)
@@ -70,6 +71,41 @@ SCHEDULER_ENTRY_TARGET = PatchTarget(
     ("server_args", "port_args", "gpu_id", "tp_rank"),
 )
 PLUGIN_LOADER_TARGET = PatchTarget("sglang.srt.plugins", "load_plugins", ())
+#: what the plain step's DECODE CUDA graphs use (docs/plain-graphs.md §3):
+#: checked, not wrapped.
+GRAPH_RUNNER_MODULE = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
+MODEL_RUNNER_MODULE = "sglang.srt.model_executor.model_runner"
+PLAIN_RUNNER_TARGET = PatchTarget(
+    GRAPH_RUNNER_MODULE,
+    "DecodeCudaGraphRunner.__init__",
+    (
+        "self",
+        "model_runner",
+        "attn_backend",
+        "speculative_num_steps",
+        "speculative_num_draft_tokens",
+    ),
+)
+PLAIN_CAN_RUN_TARGET = PatchTarget(
+    GRAPH_RUNNER_MODULE,
+    "DecodeCudaGraphRunner.can_run_graph",
+    ("self", "forward_batch"),
+)
+PLAIN_SPEC_INFO_TARGET = PatchTarget(
+    GRAPH_RUNNER_MODULE, "DecodeCudaGraphRunner.get_spec_info", ("self", "num_tokens")
+)
+PLAIN_BACKEND_TARGET = PatchTarget(
+    MODEL_RUNNER_MODULE,
+    "ModelRunner._get_attention_backend",
+    ("self", "init_new_workspace"),
+)
+#: where the target keeps its decode graph runner (verify-shaped with speculation).
+GRAPH_ATTR = "decode_cuda_graph_runner"
+#: 0.5.23 environment switches that carve graph-pool extents at capture.
+POOL_BORROW_ENV = (
+    "SGLANG_ENABLE_GRAPH_POOL_BORROW",
+    "SGLANG_ENABLE_GRAPH_POOL_PRECARVE",
+)
 
 
 INSTRUMENTOR = Instrumentor(
@@ -88,6 +124,10 @@ TARGETS = (
     SCHEDULER_INIT_TARGET,
     SCHEDULER_ENTRY_TARGET,
     PLUGIN_LOADER_TARGET,
+    PLAIN_RUNNER_TARGET,
+    PLAIN_CAN_RUN_TARGET,
+    PLAIN_SPEC_INFO_TARGET,
+    PLAIN_BACKEND_TARGET,
 )
 
 
@@ -273,6 +313,7 @@ def plain_step(
     on_publish: Any = None,
     draft_sync: str = "eager",
     lazy: Any = None,
+    graphs: Any = None,
 ) -> Any:
     """One target DECODE step inside ``EAGLEWorkerV2`` (0.5.23).
 
@@ -285,8 +326,10 @@ def plain_step(
     SGLang's own ``_draft_extend_for_decode`` over the flat layout; ``none``
     is SGLang's own ``_stub_skipped_draft_extend`` (zero-filled: cold
     recovery); ``lazy`` stubs likewise and keeps the (new token, hidden) pair
-    for a catch-up before the next SPEC step (``LazyDraftSync``). The target
-    runs eagerly: its decode graphs are verify-shaped.
+    for a catch-up before the next SPEC step (``LazyDraftSync``). The
+    target's own decode graphs are verify-shaped: the target runs through the
+    plain step's DECODE graphs when captured and the batch fits (``graphs``,
+    docs/plain-graphs.md), else eagerly.
     """
     import torch
     from sglang.srt.model_executor.forward_batch_info import (
@@ -331,8 +374,13 @@ def plain_step(
     batch.spec_info = None
     batch.forward_mode = ForwardMode.DECODE
     capture = CaptureHiddenMode.NULL if draft_sync == "none" else CaptureHiddenMode.LAST
-    with eager_target(target.model_runner, "decode_cuda_graph_runner"):
-        out = target.forward_batch_generation(batch, capture_hidden_mode=capture)
+    out, ran_graph = plain_target_forward(
+        target.model_runner,
+        GRAPH_ATTR,
+        graphs,
+        bs,
+        lambda: target.forward_batch_generation(batch, capture_hidden_mode=capture),
+    )
     tokens = out.next_token_ids
     result = build_plain_result(
         tokens,
@@ -340,6 +388,7 @@ def plain_step(
         seq_lens=seq_lens,
         next_draft_input=EagleDraftInput(bonus_tokens=tokens.to(torch.int32)),
         logits_output=out.logits_output,
+        can_run_cuda_graph=ran_graph,
     )
     if on_publish is not None:
         on_publish(result.new_seq_lens)
@@ -379,7 +428,9 @@ def _draft_extend(worker: Any, batch: Any, result: Any) -> None:
         worker.draft_worker._draft_extend_for_decode(batch, result)
 
 
-def make_plain_step(draft_sync: str) -> PlainStep:
+def make_plain_step(draft_sync: str, graphs: Any = None) -> PlainStep:
+    """``graphs``: the plain step's DECODE CUDA graphs (``PlainGraphs``), or
+    None: the target always runs eagerly and nothing is counted."""
     # 0.5.23 keeps the request's req_to_token row under req.kv
     lazy = (
         LazyDraftSync(lambda req: req.kv.req_pool_idx) if draft_sync == "lazy" else None
@@ -398,7 +449,7 @@ def make_plain_step(draft_sync: str) -> PlainStep:
         # pp_proxy_tensors: pipeline parallelism is refused at launch.
         if pp_proxy_tensors is not None:
             raise RuntimeError("the plain step does not run pipeline-parallel")
-        return plain_step(worker, batch, on_publish, draft_sync, lazy)
+        return plain_step(worker, batch, on_publish, draft_sync, lazy, graphs)
 
     return PlainStep(
         run=run,
@@ -413,3 +464,149 @@ def _new_draft_input() -> Any:
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
     return EagleDraftInput()
+
+
+# -- the plain step's DECODE CUDA graphs (docs/plain-graphs.md §3.4) ----------
+_PLAIN_RUNNER_CLS: Any = None
+
+
+def _plain_runner_cls() -> Any:
+    """``PlainDecodeGraphRunner(DecodeCudaGraphRunner)``, built on first use.
+
+    0.5.23's runner switches a speculative target to TARGET_VERIFY inside its
+    constructor (which also captures); ``speculative_num_draft_tokens=1``
+    gives width 1 but not the mode. The subclass pins DECODE (every reader
+    sees it from the start), keeps the hidden-state capture at least LAST and
+    gives no spec info, as SGLang's own ``EAGLEDraftExtendCudaGraphRunner`` and
+    ``UnoDecodeCudaGraphRunner`` specialise the same class.
+    """
+    global _PLAIN_RUNNER_CLS
+    if _PLAIN_RUNNER_CLS is not None:
+        return _PLAIN_RUNNER_CLS
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardMode,
+    )
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
+        DecodeCudaGraphRunner,
+    )
+
+    class PlainDecodeGraphRunner(DecodeCudaGraphRunner):
+        @property
+        def capture_forward_mode(self):
+            return ForwardMode.DECODE
+
+        @capture_forward_mode.setter
+        def capture_forward_mode(self, value):
+            pass  # the constructor's TARGET_VERIFY
+
+        @property
+        def capture_hidden_mode(self):
+            return self.__dict__.get("_eagle_gate_hidden", CaptureHiddenMode.LAST)
+
+        @capture_hidden_mode.setter
+        def capture_hidden_mode(self, value):
+            self.__dict__["_eagle_gate_hidden"] = max(
+                CaptureHiddenMode(value), CaptureHiddenMode.LAST
+            )
+
+        def get_spec_info(self, num_tokens):
+            return None
+
+    _PLAIN_RUNNER_CLS = PlainDecodeGraphRunner
+    return _PLAIN_RUNNER_CLS
+
+
+def version_blockers(model_runner: Any, server_args: Any) -> str | None:
+    """0.5.23's reasons the plain step gets no DECODE graphs (§5.4)."""
+    import os
+
+    from sglang.srt.model_executor.cuda_graph_config import (
+        Backend,
+        Phase,
+        check_cuda_graph_backend,
+    )
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
+        DecodeCudaGraphRunner,
+    )
+
+    if getattr(server_args, "disable_cuda_graph", False) or check_cuda_graph_backend(
+        Phase.DECODE, Backend.DISABLED
+    ):
+        return "cuda_graph_disabled"
+    if not isinstance(getattr(model_runner, GRAPH_ATTR, None), DecodeCudaGraphRunner):
+        return "no_target_graphs"
+    if getattr(model_runner, "lora_manager", None) is not None:
+        return "lora"
+    if getattr(model_runner, "enable_elastic_ep", False):
+        return "elastic_ep"
+    try:
+        from sglang.srt.runtime_context import get_observability
+
+        if get_observability().forward_hooks:
+            return "forward_hooks"
+    except (ImportError, ValueError):
+        pass
+    if any(
+        os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+        for name in POOL_BORROW_ENV
+    ):
+        return "graph_pool_borrow"
+    return None
+
+
+def verify_graph_mib(model_runner: Any) -> float:
+    """SGLang's measured decode/verify graph memory of the target (GB, as the
+    capture records it; inferred) in MiB."""
+    usage = getattr(model_runner, "graph_memory_usage", None) or {}
+    return sum(float(usage.get(k, 0) or 0) for k in ("decode", "target_verify")) * 1024
+
+
+def build_plain_backend(model_runner: Any) -> Any:
+    """A second target attention backend bound to the model runner's KV index
+    translator, as ``init_attention_backends`` binds the first; the workspace
+    stays shared and ``init_new_workspace`` is put back."""
+    with swap_attrs(
+        model_runner,
+        init_new_workspace=getattr(model_runner, "init_new_workspace", False),
+    ):
+        backend = model_runner._get_attention_backend(init_new_workspace=False)
+    translator = getattr(model_runner, "kv_index_translator", None)
+    if translator is not None:
+        translator.bind_and_verify_backends([backend])
+    return backend
+
+
+def build_plain_runner(model_runner: Any, backend: Any, cls: Any = None) -> Any:
+    """Construct (and so capture) the plain DECODE runner on ``backend``:
+    ``attn_backend=`` and one token per request, as adaptive speculation and
+    UNO construct theirs."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    cls = cls or _plain_runner_cls()
+    verify = getattr(model_runner, GRAPH_ATTR)
+    if not hasattr(verify, "capture_bs"):
+        verify = None  # CI's CPU test build only: no verify graphs there
+    runner = cls(
+        model_runner,
+        attn_backend=backend,
+        speculative_num_steps=0,
+        speculative_num_draft_tokens=1,
+    )
+    problems = []
+    if runner.capture_forward_mode != ForwardMode.DECODE:
+        problems.append(f"forward mode {runner.capture_forward_mode!r}")
+    if runner.captured_req_width != 1:
+        problems.append(f"{runner.captured_req_width} tokens per request")
+    if runner.attn_backend is not backend:
+        problems.append("not bound to the plain attention backend")
+    if verify is not None and sorted(set(runner.capture_bs)) != sorted(
+        set(verify.capture_bs)
+    ):
+        problems.append(
+            f"sizes {sorted(set(runner.capture_bs))} != verify's "
+            f"{sorted(set(verify.capture_bs))}"
+        )
+    if problems:
+        raise RuntimeError("plain decode runner: " + "; ".join(problems))
+    return runner

@@ -27,13 +27,14 @@ from eagle_gate.adapters._base import (
     activate_scheduler,
     check_speculation,
     common_plain_blocker,
-    eager_target,
     flat_plain_tokens,
     kv_slots,
     make_worker_wrapper,
+    plain_target_forward,
     resolver_wrapper,
     scheduler_init_wrapper,
     spread_rows,
+    swap_attrs,
 )
 
 SGLANG_VERSIONS = ("0.5.9",)
@@ -70,6 +71,35 @@ LAUNCH_TARGET = PatchTarget(
     ("server_args", "init_tokenizer_manager_func", "run_scheduler_process_func"),
 )
 
+#: what the plain step's DECODE CUDA graphs use (docs/plain-graphs.md §2):
+#: checked, not wrapped.
+GRAPH_RUNNER_MODULE = "sglang.srt.model_executor.cuda_graph_runner"
+MODEL_RUNNER_MODULE = "sglang.srt.model_executor.model_runner"
+PLAIN_RUNNER_TARGET = PatchTarget(
+    GRAPH_RUNNER_MODULE, "CudaGraphRunner.__init__", ("self", "model_runner")
+)
+PLAIN_CAN_RUN_TARGET = PatchTarget(
+    GRAPH_RUNNER_MODULE, "CudaGraphRunner.can_run", ("self", "forward_batch")
+)
+PLAIN_REPLAY_TARGET = PatchTarget(
+    GRAPH_RUNNER_MODULE, "CudaGraphRunner.replay", ("self", "forward_batch")
+)
+PLAIN_RECAPTURE_TARGET = PatchTarget(
+    GRAPH_RUNNER_MODULE,
+    "CudaGraphRunner.recapture_if_needed",
+    ("self", "forward_batch"),
+)
+PLAIN_SPEC_INFO_TARGET = PatchTarget(
+    GRAPH_RUNNER_MODULE, "CudaGraphRunner.get_spec_info", ("self", "num_tokens")
+)
+PLAIN_BACKEND_TARGET = PatchTarget(
+    MODEL_RUNNER_MODULE,
+    "ModelRunner._get_attention_backend",
+    ("self", "init_new_workspace"),
+)
+#: where the target keeps its graph runner (verify-shaped with speculation).
+GRAPH_ATTR = "graph_runner"
+
 #: environment SGLang 0.5.9 reads to choose the spec-v2 worker.
 SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
 
@@ -90,6 +120,12 @@ TARGETS = (
     SCHEDULER_INIT_TARGET,
     SCHEDULER_ENTRY_TARGET,
     LAUNCH_TARGET,
+    PLAIN_RUNNER_TARGET,
+    PLAIN_CAN_RUN_TARGET,
+    PLAIN_REPLAY_TARGET,
+    PLAIN_RECAPTURE_TARGET,
+    PLAIN_SPEC_INFO_TARGET,
+    PLAIN_BACKEND_TARGET,
 )
 
 
@@ -223,7 +259,11 @@ def plain_step_blocker(batch: Any) -> str | None:
 
 
 def plain_step(
-    worker: Any, batch: Any, draft_sync: str = "eager", lazy: Any = None
+    worker: Any,
+    batch: Any,
+    draft_sync: str = "eager",
+    lazy: Any = None,
+    graphs: Any = None,
 ) -> Any:
     """One target DECODE step inside ``EAGLEWorkerV2`` (0.5.9, spec-v2).
 
@@ -246,7 +286,9 @@ def plain_step(
       (cold recovery: only acceptance suffers, never the output); ``lazy``
       does what ``none`` does and keeps the (new token, hidden) pair for a
       catch-up before the next SPEC step (see ``LazyDraftSync``).
-    * The target runs eagerly: its CUDA graphs are verify-shaped.
+    * The target's own CUDA graphs are verify-shaped: the target runs
+      through the plain step's DECODE graphs when they were captured and the
+      batch fits (``graphs``, docs/plain-graphs.md), else eagerly.
     """
     import torch
     from sglang.srt.model_executor.forward_batch_info import (
@@ -285,8 +327,13 @@ def plain_step(
     batch.capture_hidden_mode = (
         CaptureHiddenMode.NULL if draft_sync == "none" else CaptureHiddenMode.LAST
     )
-    with eager_target(target.model_runner):
-        out = target.forward_batch_generation(batch)
+    out, ran_graph = plain_target_forward(
+        target.model_runner,
+        GRAPH_ATTR,
+        graphs,
+        bs,
+        lambda: target.forward_batch_generation(batch),
+    )
     tokens = out.next_token_ids
     new_seq_lens = seq_lens + 1
     verify_done = torch.get_device_module(worker.device).Event()
@@ -301,6 +348,7 @@ def plain_step(
         stride=stride,
         next_draft_input=next_draft_input,
         logits_output=out.logits_output,
+        can_run_cuda_graph=ran_graph,
     )
 
     # 2. draft state, with the batch as the draft extend expects it
@@ -361,11 +409,13 @@ def _zero_draft_state(worker: Any, draft_input: Any, bs: int) -> None:
     )
 
 
-def make_plain_step(draft_sync: str) -> PlainStep:
+def make_plain_step(draft_sync: str, graphs: Any = None) -> PlainStep:
+    """``graphs``: the plain step's DECODE CUDA graphs (``PlainGraphs``), or
+    None: the target always runs eagerly and nothing is counted."""
     lazy = LazyDraftSync(lambda req: req.req_pool_idx) if draft_sync == "lazy" else None
 
     def run(worker: Any, batch: Any, *_: Any, **__: Any) -> Any:
-        return plain_step(worker, batch, draft_sync, lazy)
+        return plain_step(worker, batch, draft_sync, lazy, graphs)
 
     return PlainStep(
         run=run,
@@ -380,3 +430,128 @@ def _new_draft_input() -> Any:
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
     return EagleDraftInput()
+
+
+# -- the plain step's DECODE CUDA graphs (docs/plain-graphs.md §2.4) ----------
+_PLAIN_RUNNER_CLS: Any = None
+
+
+def _plain_runner_cls() -> Any:
+    """``PlainDecodeCudaGraphRunner(CudaGraphRunner)``, built on first use.
+
+    0.5.9's runner takes no options and picks TARGET_VERIFY with
+    ``num_draft_tokens`` per request for a speculative target inside its
+    constructor (which also captures). The subclass pins DECODE, one token per
+    request and a hidden-state capture of at least LAST through properties
+    whose setters ignore (or raise to LAST) the constructor's assignments,
+    gives no spec info and never re-captures (a LAST graph serves NULL and
+    LAST requests; FULL never reaches the plain step).
+    """
+    global _PLAIN_RUNNER_CLS
+    if _PLAIN_RUNNER_CLS is not None:
+        return _PLAIN_RUNNER_CLS
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardMode,
+    )
+
+    class PlainDecodeCudaGraphRunner(CudaGraphRunner):
+        @property
+        def capture_forward_mode(self):
+            return ForwardMode.DECODE
+
+        @capture_forward_mode.setter
+        def capture_forward_mode(self, value):
+            pass  # the constructor's TARGET_VERIFY
+
+        @property
+        def num_tokens_per_bs(self):
+            return 1
+
+        @num_tokens_per_bs.setter
+        def num_tokens_per_bs(self, value):
+            pass  # the constructor's num_draft_tokens
+
+        @property
+        def capture_hidden_mode(self):
+            return self.__dict__.get("_eagle_gate_hidden", CaptureHiddenMode.LAST)
+
+        @capture_hidden_mode.setter
+        def capture_hidden_mode(self, value):
+            self.__dict__["_eagle_gate_hidden"] = max(
+                CaptureHiddenMode(value), CaptureHiddenMode.LAST
+            )
+
+        def get_spec_info(self, num_tokens):
+            return None
+
+        def recapture_if_needed(self, forward_batch):
+            return None
+
+    _PLAIN_RUNNER_CLS = PlainDecodeCudaGraphRunner
+    return _PLAIN_RUNNER_CLS
+
+
+def version_blockers(model_runner: Any, server_args: Any) -> str | None:
+    """0.5.9's reasons the plain step gets no DECODE graphs (§5.4)."""
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+
+    if getattr(server_args, "disable_cuda_graph", False):
+        return "cuda_graph_disabled"
+    if not isinstance(getattr(model_runner, GRAPH_ATTR, None), CudaGraphRunner):
+        return "no_target_graphs"
+    if getattr(server_args, "enable_return_hidden_states", False):
+        # the runner would capture FULL and decline every LAST plain step
+        return "return_hidden_states"
+    if getattr(server_args, "forward_hooks", None):
+        # registered after SGLang's capture; a later capture would trace them
+        return "forward_hooks"
+    return None
+
+
+def verify_graph_mib(model_runner: Any) -> float:
+    """SGLang's measured graph memory of the target (GB in 0.5.9) in MiB."""
+    return float(getattr(model_runner, "graph_mem_usage", 0) or 0) * 1024
+
+
+def build_plain_backend(model_runner: Any) -> Any:
+    """A second target attention backend (0.5.9's pdmux precedent); the
+    workspace stays shared. ``_get_attention_backend`` rewrites
+    ``init_new_workspace`` on the model runner: put back afterwards."""
+    with swap_attrs(model_runner, init_new_workspace=model_runner.init_new_workspace):
+        return model_runner._get_attention_backend(init_new_workspace=False)
+
+
+def build_plain_runner(model_runner: Any, backend: Any, cls: Any = None) -> Any:
+    """Construct (and so capture) the plain DECODE runner bound to ``backend``.
+
+    During construction the model runner's ``attn_backend`` is the plain one
+    (read for ``init_cuda_graph_state``, capture and replay metadata) and
+    ``eagle_use_aux_hidden_state`` is False so the constructor does not reset
+    the EAGLE3 capture layers to their defaults."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    cls = cls or _plain_runner_cls()
+    verify = getattr(model_runner, GRAPH_ATTR)  # None only in CI's CPU test build
+    with swap_attrs(
+        model_runner, attn_backend=backend, eagle_use_aux_hidden_state=False
+    ):
+        runner = cls(model_runner)
+    problems = []
+    if runner.capture_forward_mode != ForwardMode.DECODE:
+        problems.append(f"forward mode {runner.capture_forward_mode!r}")
+    if runner.num_tokens_per_bs != 1:
+        problems.append(f"{runner.num_tokens_per_bs} tokens per request")
+    if verify is not None and sorted(set(runner.capture_bs)) != sorted(
+        set(verify.capture_bs)
+    ):
+        problems.append(
+            f"sizes {sorted(set(runner.capture_bs))} != verify's "
+            f"{sorted(set(verify.capture_bs))}"
+        )
+    if verify is not None and runner.max_bs > verify.max_bs:
+        problems.append(f"max_bs {runner.max_bs} > verify's {verify.max_bs}")
+    if problems:
+        raise RuntimeError("plain decode runner: " + "; ".join(problems))
+    return runner

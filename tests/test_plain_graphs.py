@@ -1,0 +1,615 @@
+"""The plain step's DECODE CUDA graphs (docs/plain-graphs.md), T1 of §7: what
+runs without a GPU. Selection, the attribute swap, the setting, the reasons
+graphs stay off, the build with fake adapters (memory, refusals, cleanup),
+status and metrics, the graph and eager paths binding the right attribute per
+version, the runner subclasses' pinned attributes on the installed SGLang,
+and the TP agreement over two real gloo processes. Nothing here captures a
+CUDA graph."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import sglang_env
+
+from eagle_gate import launch
+from eagle_gate.adapters import sglang_0_5_9, sglang_0_5_23
+from eagle_gate.adapters._base import (
+    GateRefused,
+    PlainGraphs,
+    activate,
+    build_plain_graphs,
+    plain_graph_blockers,
+    plain_graphs_for_scheduler,
+    plain_target_forward,
+    select_plain_path,
+    swap_attrs,
+)
+from eagle_gate.config import ConfigError, GateConfig, resolve_config
+from eagle_gate.doctor import _FIELDS
+from eagle_gate.policy import Mode
+from eagle_gate.runtime import PLAIN_EAGER_REASONS, GateRuntime
+
+
+def captured(capture_bs=(1, 2, 4, 8), *, disable_padding=False) -> PlainGraphs:
+    return PlainGraphs(
+        state="captured",
+        runner=object(),
+        backend=object(),
+        capture_bs=tuple(capture_bs),
+        max_bs=max(capture_bs),
+        disable_padding=disable_padding,
+    )
+
+
+# -- selection ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "graphs, bs, expected",
+    [
+        (None, 1, ("eager", "graphs_off")),
+        (PlainGraphs(), 1, ("eager", "graphs_off")),
+        (PlainGraphs(state="failed", reason="x"), 1, ("eager", "graphs_off")),
+        (PlainGraphs(state="captured", max_bs=8), 1, ("eager", "graphs_off")),
+        (captured(), 1, ("graph", None)),
+        (captured(), 3, ("graph", None)),  # padded to 4
+        (captured(), 8, ("graph", None)),  # bs == max_bs
+        (captured(), 9, ("eager", "bs_above_max")),
+        (captured(disable_padding=True), 4, ("graph", None)),
+        (captured(disable_padding=True), 3, ("eager", "bs_not_captured")),
+        (captured(disable_padding=True), 9, ("eager", "bs_above_max")),
+    ],
+)
+def test_select_plain_path(graphs, bs, expected):
+    assert select_plain_path(graphs, bs) == expected
+
+
+def test_every_selection_reason_is_a_counted_reason():
+    assert {"graphs_off", "bs_above_max", "bs_not_captured", "declined"} == set(
+        PLAIN_EAGER_REASONS
+    )
+
+
+# -- swap_attrs -----------------------------------------------------------------
+def test_swap_attrs_sets_and_restores_even_on_exceptions():
+    obj = SimpleNamespace(a=1, b="x")
+    with pytest.raises(RuntimeError), swap_attrs(obj, a=2, c=3):
+        assert (obj.a, obj.b, obj.c) == (2, "x", 3)
+        raise RuntimeError("boom")
+    assert (obj.a, obj.b) == (1, "x") and not hasattr(obj, "c")
+    with swap_attrs(obj, a=5), swap_attrs(obj, a=6):
+        assert obj.a == 6
+    assert obj.a == 1
+
+
+# -- the setting ----------------------------------------------------------------
+def test_setting_precedence_cli_env_file(tmp_path):
+    path = tmp_path / "g.toml"
+    path.write_text('policy = "never"\nplain_graphs = "off"\n')
+    env = {"EAGLE_GATE_CONFIG": str(path)}
+    assert resolve_config(environ={}).plain_graphs == "auto"
+    assert resolve_config(environ=env).plain_graphs == "off"
+    env["EAGLE_GATE_PLAIN_GRAPHS"] = "on"
+    assert resolve_config(environ=env).plain_graphs == "on"
+    got = resolve_config(cli_plain_graphs="auto", environ=env)
+    assert got.plain_graphs == "auto"
+    assert GateConfig.from_json(got.to_json()) == got
+    assert GateConfig.from_json('{"policy": "never"}').plain_graphs == "auto"
+
+
+@pytest.mark.parametrize("value", ["yes", "ON", "cuda"])
+def test_bad_values_are_refused(value):
+    with pytest.raises(ConfigError, match="plain_graphs: value"):
+        resolve_config(cli_plain_graphs=value, environ={})
+    with pytest.raises(ConfigError, match="plain_graphs"):
+        GateConfig.from_json(json.dumps({"policy": "never", "plain_graphs": value}))
+
+
+def test_on_with_the_plain_step_off_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="plain_graphs: 'on' needs the plain step"):
+        resolve_config(cli_plain_graphs="on", cli_plain_step="off", environ={})
+    path = tmp_path / "g.toml"
+    path.write_text('plain_graphs = "on"\nplain_step = false\n')
+    with pytest.raises(ConfigError, match="needs the plain step"):
+        resolve_config(environ={"EAGLE_GATE_CONFIG": str(path)})
+    # auto and off are fine without the plain step (nothing to capture)
+    for value in ("auto", "off"):
+        resolve_config(cli_plain_graphs=value, cli_plain_step="off", environ={})
+
+
+def test_launcher_flag_and_doctor_field():
+    parser = argparse.ArgumentParser()
+    launch.add_gate_arguments(parser)
+    args, _ = parser.parse_known_args(["--gate-plain-graphs", "off"])
+    assert args.gate_plain_graphs == "off"
+    assert _FIELDS["plain_graphs"] == ("gate_plain_graphs", "EAGLE_GATE_PLAIN_GRAPHS")
+
+
+# -- where graphs stay off ------------------------------------------------------
+def cuda_runner(**extra):
+    return SimpleNamespace(device="cuda", **extra)
+
+
+SERVER = SimpleNamespace(enable_lora=False)
+
+
+def test_device_not_cuda_comes_first_whatever_the_setting():
+    for setting in ("auto", "on", "off"):
+        config = GateConfig("never", plain_graphs=setting, plain_step=setting != "on")
+        mr = SimpleNamespace(device="cpu")
+        assert plain_graph_blockers(mr, SERVER, config) == "device_not_cuda"
+    assert (
+        plain_graph_blockers(None, SimpleNamespace(device="cpu"), GateConfig("never"))
+        == "device_not_cuda"
+    )
+
+
+@pytest.mark.parametrize(
+    "config, server, version, expected",
+    [
+        (GateConfig("never", plain_graphs="off"), {}, None, "setting_off"),
+        (GateConfig("never", plain_step=False), {}, None, "plain_step_off"),
+        (GateConfig("never"), {"enable_lora": True}, None, "lora"),
+        (
+            GateConfig("never"),
+            {"enable_two_batch_overlap": True},
+            None,
+            "two_batch_overlap",
+        ),
+        (GateConfig("never"), {"enable_pdmux": True}, None, "pdmux"),
+        (GateConfig("never"), {}, "cuda_graph_disabled", "cuda_graph_disabled"),
+        (GateConfig("never"), {}, None, None),
+    ],
+)
+def test_blocker_reasons(config, server, version, expected):
+    got = plain_graph_blockers(
+        cuda_runner(), SimpleNamespace(**server), config, lambda mr, sa: version
+    )
+    assert got == expected
+
+
+def test_no_model_runner_means_no_target_graphs():
+    server = SimpleNamespace(device="cuda")
+    assert plain_graph_blockers(None, server, GateConfig("never")) == "no_target_graphs"
+
+
+# -- building (fake adapters) -----------------------------------------------------
+class FakeAdapter:
+    GRAPH_ATTR = "graph_runner"
+
+    def __init__(self, *, fail=None, blocker=None, verify_mib=100.0):
+        self.fail, self.blocker, self.verify_mib = fail, blocker, verify_mib
+        self.built: list[str] = []
+
+    def version_blockers(self, mr, server_args):
+        return self.blocker
+
+    def verify_graph_mib(self, mr):
+        return self.verify_mib
+
+    def build_plain_backend(self, mr):
+        self.built.append("backend")
+        return SimpleNamespace(kind="plain backend")
+
+    def build_plain_runner(self, mr, backend):
+        self.built.append("runner")
+        if self.fail:
+            raise RuntimeError(self.fail)
+        return SimpleNamespace(capture_bs=[1, 2, 4, 8], max_bs=8, disable_padding=False)
+
+
+def fake_scheduler(device="cuda"):
+    mr = SimpleNamespace(
+        device=device,
+        graph_runner=SimpleNamespace(max_bs=8),
+        model_config=SimpleNamespace(context_len=1024),
+    )
+    return SimpleNamespace(
+        server_args=SimpleNamespace(device=device),
+        draft_worker=SimpleNamespace(target_worker=SimpleNamespace(model_runner=mr)),
+    )
+
+
+def readings(*values):
+    it = iter(values)
+    return lambda mr: next(it)
+
+
+def test_cpu_servers_are_off_with_device_not_cuda_and_on_is_refused():
+    graphs = build_plain_graphs(FakeAdapter(), fake_scheduler("cpu"), GateConfig("x"))
+    assert (graphs.state, graphs.reason, graphs.runner) == (
+        "off",
+        "device_not_cuda",
+        None,
+    )
+    with pytest.raises(GateRefused, match="device_not_cuda"):
+        build_plain_graphs(
+            FakeAdapter(), fake_scheduler("cpu"), GateConfig("x", plain_graphs="on")
+        )
+
+
+def test_capture_measures_memory_and_reports_it(caplog):
+    adapter = FakeAdapter()
+    caplog.set_level("INFO", logger="eagle_gate")
+    graphs = build_plain_graphs(
+        adapter,
+        fake_scheduler(),
+        GateConfig("x"),
+        memory_mib=readings(10_000.0, 10_000.0, 9_800.0, 9_500.0),
+    )
+    assert graphs.state == "captured" and graphs.reason is None
+    assert (graphs.backend_mib, graphs.graphs_mib, graphs.total_mib) == (
+        200.0,
+        300.0,
+        500.0,
+    )
+    assert graphs.capture_bs == (1, 2, 4, 8) and graphs.max_bs == 8
+    assert graphs.attention_backend == "SimpleNamespace"
+    status = graphs.status()
+    assert status["memory_mib"] == 500.0 and status["capture_bs"] == [1, 2, 4, 8]
+    assert adapter.built == ["backend", "runner"]
+    assert "plain decode CUDA graphs on TP rank 0: 4 sizes (1..8), 500.0 MiB" in (
+        caplog.text
+    )
+
+
+def test_too_little_headroom_leaves_graphs_off():
+    graphs = build_plain_graphs(
+        FakeAdapter(verify_mib=1000.0),
+        fake_scheduler(),
+        GateConfig("x"),
+        memory_mib=readings(1000.0),
+    )
+    assert (graphs.state, graphs.reason) == ("off", "headroom")
+
+
+def test_a_failed_capture_goes_eager_in_auto_and_refuses_in_on():
+    adapter = FakeAdapter(fail="out of memory")
+    graphs = build_plain_graphs(
+        adapter,
+        fake_scheduler(),
+        GateConfig("x"),
+        memory_mib=readings(10_000.0, 10_000.0, 9_800.0, 9_900.0),
+    )
+    assert graphs.state == "failed" and graphs.reason.startswith("capture_failed")
+    assert "out of memory" in graphs.reason
+    assert graphs.runner is None and graphs.backend is None and graphs.capture_bs == ()
+    with pytest.raises(GateRefused, match="out of memory"):
+        build_plain_graphs(
+            FakeAdapter(fail="out of memory"),
+            fake_scheduler(),
+            GateConfig("x", plain_graphs="on"),
+            memory_mib=readings(10_000.0, 10_000.0, 9_800.0),
+        )
+
+
+def test_tp_ranks_agree_twice_and_disagreement_drops_the_graphs():
+    calls = []
+
+    def agree(ok):
+        calls.append(ok)
+        return len(calls) == 1  # the other rank fails after capture
+
+    graphs = build_plain_graphs(
+        FakeAdapter(),
+        fake_scheduler(),
+        GateConfig("x"),
+        tp_size=2,
+        agree=agree,
+        memory_mib=readings(10_000.0, 10_000.0, 9_800.0, 9_500.0, 9_900.0),
+    )
+    assert calls == [True, True]
+    assert (graphs.state, graphs.reason, graphs.runner) == (
+        "failed",
+        "tp_disagreement",
+        None,
+    )
+    calls.clear()
+    off = build_plain_graphs(
+        FakeAdapter(blocker="lora"),
+        fake_scheduler(),
+        GateConfig("x"),
+        tp_size=2,
+        agree=agree,
+    )
+    assert calls == [False, False] and off.reason == "lora"  # still two calls
+
+
+def test_setup_errors_never_break_auto_and_refuse_on():
+    class Broken(FakeAdapter):
+        def version_blockers(self, mr, server_args):
+            raise ValueError("odd build")
+
+    sched = fake_scheduler()
+    graphs = plain_graphs_for_scheduler(
+        Broken(), sched, GateConfig("x"), gated=True, tp_rank=0, tp_size=1
+    )
+    assert graphs.state == "failed" and "odd build" in graphs.reason
+    with pytest.raises(GateRefused, match="odd build"):
+        plain_graphs_for_scheduler(
+            Broken(),
+            sched,
+            GateConfig("x", plain_graphs="on"),
+            gated=True,
+            tp_rank=0,
+            tp_size=1,
+        )
+    off = plain_graphs_for_scheduler(
+        Broken(),
+        fake_scheduler("cpu"),
+        GateConfig("x"),
+        gated=False,
+        tp_rank=0,
+        tp_size=1,
+    )
+    assert (off.state, off.reason) == ("off", "device_not_cuda")
+
+
+def test_a_gated_cpu_scheduler_is_eager_in_auto_and_refused_in_on():
+    graphs = plain_graphs_for_scheduler(
+        FakeAdapter(),
+        fake_scheduler("cpu"),
+        GateConfig("x"),
+        gated=True,
+        tp_rank=0,
+        tp_size=1,
+    )
+    assert (graphs.state, graphs.reason) == ("off", "device_not_cuda")
+    with pytest.raises(GateRefused, match="on TP rank 0: device_not_cuda"):
+        plain_graphs_for_scheduler(
+            FakeAdapter(),
+            fake_scheduler("cpu"),
+            GateConfig("x", plain_graphs="on"),
+            gated=True,
+            tp_rank=0,
+            tp_size=1,
+        )
+
+
+# -- status and metrics ---------------------------------------------------------
+class Never:
+    name = "never"
+
+    def decide(self, view):
+        return Mode.PLAIN
+
+    def observe(self, outcome):
+        pass
+
+
+def test_status_has_the_plain_graph_fields_from_the_start():
+    rt = GateRuntime(GateConfig("never"), Never(), sglang_version="t", adapter="t")
+    status = rt.status()
+    assert status["plain_graphs"]["state"] == "off"
+    assert status["plain_graphs"]["setting"] == "auto"
+    assert status["plain_path"] == {"graph": 0, "eager": 0}
+    assert status["plain_eager_reasons"] == dict.fromkeys(PLAIN_EAGER_REASONS, 0)
+    rt.count_plain_path("graph")
+    rt.count_plain_path("eager", "bs_above_max")
+    status = rt.status()
+    assert status["plain_path"] == {"graph": 1, "eager": 1}
+    assert status["plain_eager_reasons"]["bs_above_max"] == 1
+
+
+def test_activation_links_the_graphs_to_the_runtime(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE_GATE_METRICS", "0")
+    graphs = PlainGraphs(setting="auto", reason="device_not_cuda")
+    rt = activate(
+        adapter_name="t",
+        sglang_version="t",
+        gated=True,
+        state="gated",
+        tp_rank=0,
+        tp_size=1,
+        dp_rank=None,
+        num_draft_tokens=4,
+        speculative_algorithm="EAGLE",
+        config=GateConfig("never", status_dir=str(tmp_path / "s")),
+        plain_graphs=graphs,
+    )
+    try:
+        assert rt.status()["plain_graphs"]["reason"] == "device_not_cuda"
+        graphs.count("eager", "graphs_off")
+        assert rt.status()["plain_path"]["eager"] == 1
+        assert rt.status()["plain_eager_reasons"]["graphs_off"] == 1
+    finally:
+        from eagle_gate.adapters._base import ACTIVE
+
+        if ACTIVE.ops is not None:
+            ACTIVE.ops.stop()
+        ACTIVE.ops = ACTIVE.runtime = ACTIVE.gate = None
+
+
+def test_metrics_export_path_counts_and_memory():
+    from eagle_gate.metrics import METRICS, GateMetrics
+
+    assert METRICS["eagle_gate_plain_steps_total"][:2] == ("counter", ("path",))
+    assert METRICS["eagle_gate_plain_eager_total"][:2] == ("counter", ("reason",))
+    assert METRICS["eagle_gate_plain_graph_memory_mib"][:2] == ("gauge", ())
+    rt = GateRuntime(GateConfig("never"), Never(), sglang_version="t", adapter="t")
+    m = GateMetrics(rt, dp_rank=None, gated=True)
+    # created up front, at 0
+    assert m.plain_paths["graph"]._value.get() == 0
+    assert set(m.plain_eager) == set(PLAIN_EAGER_REASONS)
+    for _ in range(3):
+        rt.count_plain_path("graph")
+    rt.count_plain_path("eager", "declined")
+    rt.plain_graphs["memory_mib"] = 412.5
+    m.export(rt)
+    m.export(rt)  # deltas: nothing counted twice
+    assert m.plain_paths["graph"]._value.get() == 3
+    assert m.plain_paths["eager"]._value.get() == 1
+    assert m.plain_eager["declined"]._value.get() == 1
+    assert m.plain_graph_mib._value.get() == 412.5
+
+
+# -- the graph path and the eager path, per version --------------------------------
+@pytest.mark.parametrize("adapter", [sglang_0_5_9, sglang_0_5_23])
+def test_graph_and_eager_paths_bind_the_right_attribute(adapter):
+    attr = adapter.GRAPH_ATTR
+    assert (
+        attr
+        == {sglang_0_5_9: "graph_runner", sglang_0_5_23: "decode_cuda_graph_runner"}[
+            adapter
+        ]
+    )
+    verify_runner, verify_backend = object(), object()
+    mr = SimpleNamespace(attn_backend=verify_backend, **{attr: verify_runner})
+    graphs = captured()
+    counted = []
+    graphs.on_path = lambda path, reason: counted.append((path, reason))
+    seen = []
+
+    def forward(ran):
+        seen.append((mr.attn_backend, getattr(mr, attr)))
+        return SimpleNamespace(can_run_cuda_graph=ran)
+
+    out, ran = plain_target_forward(mr, attr, graphs, 4, lambda: forward(True))
+    assert ran and seen[-1] == (graphs.backend, graphs.runner)
+    out, ran = plain_target_forward(mr, attr, graphs, 9, lambda: forward(False))
+    assert not ran and seen[-1] == (verify_backend, None)  # today's eager path
+    out, ran = plain_target_forward(mr, attr, graphs, 2, lambda: forward(False))
+    assert not ran and seen[-1] == (graphs.backend, graphs.runner)
+    out, ran = plain_target_forward(mr, attr, None, 2, lambda: forward(False))
+    assert seen[-1] == (verify_backend, None)
+    assert counted == [
+        ("graph", None),
+        ("eager", "bs_above_max"),
+        ("eager", "declined"),
+    ]
+    assert (mr.attn_backend, getattr(mr, attr)) == (verify_backend, verify_runner)
+
+    def boom():
+        raise RuntimeError("forward failed")
+
+    with pytest.raises(RuntimeError):
+        plain_target_forward(mr, attr, graphs, 1, boom)
+    assert (mr.attn_backend, getattr(mr, attr)) == (verify_backend, verify_runner)
+    assert len(counted) == 3  # a failed step is not counted
+
+
+@pytest.mark.parametrize("adapter", [sglang_0_5_9, sglang_0_5_23])
+def test_adapters_have_the_plain_graph_hooks(adapter):
+    for name in (
+        "GRAPH_ATTR",
+        "version_blockers",
+        "verify_graph_mib",
+        "build_plain_backend",
+        "build_plain_runner",
+        "_plain_runner_cls",
+    ):
+        assert hasattr(adapter, name), name
+    dotted = {t.dotted for t in adapter.TARGETS}
+    assert any("_get_attention_backend" in d for d in dotted)
+    assert any(d.endswith("__init__") and "CudaGraphRunner" in d for d in dotted)
+
+
+# -- the runner subclass on the installed SGLang --------------------------------------
+def test_runner_subclass_pins_decode_width_one_and_last():
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardMode,
+    )
+
+    adapter = sglang_env.adapter()
+    cls = adapter._plain_runner_cls()
+    assert adapter._plain_runner_cls() is cls  # built once
+    runner = cls.__new__(cls)  # no constructor: it would capture
+    assert runner.capture_forward_mode == ForwardMode.DECODE
+    runner.capture_forward_mode = ForwardMode.TARGET_VERIFY
+    assert runner.capture_forward_mode == ForwardMode.DECODE
+    runner.capture_hidden_mode = CaptureHiddenMode.NULL
+    assert runner.capture_hidden_mode == CaptureHiddenMode.LAST
+    runner.capture_hidden_mode = CaptureHiddenMode.FULL
+    assert runner.capture_hidden_mode == CaptureHiddenMode.FULL
+    assert runner.get_spec_info(7) is None
+    if adapter is sglang_0_5_9:
+        runner.num_tokens_per_bs = 4
+        assert runner.num_tokens_per_bs == 1
+        assert runner.recapture_if_needed(SimpleNamespace()) is None
+
+
+def test_version_blockers_on_the_installed_sglang():
+    adapter = sglang_env.adapter()
+    server = SimpleNamespace(disable_cuda_graph=False)
+    mr = SimpleNamespace(**{adapter.GRAPH_ATTR: None})
+    assert adapter.version_blockers(mr, server) == "no_target_graphs"
+    assert (
+        adapter.version_blockers(mr, SimpleNamespace(disable_cuda_graph=True))
+        == "cuda_graph_disabled"
+    )
+
+
+# -- TP agreement over two real gloo processes -------------------------------------
+TWO_RANKS = r"""
+import datetime, json, sys
+from types import SimpleNamespace
+import torch.distributed as dist
+from eagle_gate.adapters._base import build_plain_graphs
+from eagle_gate.config import GateConfig
+
+rank, init = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=30))
+group = dist.new_group([0, 1], backend="gloo")
+
+class Adapter:
+    GRAPH_ATTR = "graph_runner"
+    built = 0
+    def version_blockers(self, mr, sa): return None
+    def verify_graph_mib(self, mr): return 100.0
+    def build_plain_backend(self, mr):
+        Adapter.built += 1
+        return object()
+    def build_plain_runner(self, mr, backend):
+        return SimpleNamespace(capture_bs=[1, 2], max_bs=2)
+
+mr = SimpleNamespace(device="cuda", graph_runner=SimpleNamespace(max_bs=2),
+                     model_config=SimpleNamespace(context_len=64))
+sched = SimpleNamespace(server_args=SimpleNamespace(),
+    draft_worker=SimpleNamespace(target_worker=SimpleNamespace(model_runner=mr)))
+free = 10_000.0 if rank == 0 else 1.0   # rank 1 lacks headroom
+graphs = build_plain_graphs(Adapter(), sched, GateConfig("never"), tp_rank=rank,
+                            tp_size=2, control_group=group,
+                            memory_mib=lambda mr: free)
+print(json.dumps({"rank": rank, "state": graphs.state, "reason": graphs.reason,
+                  "built": Adapter.built}))
+dist.destroy_process_group()
+"""
+
+
+def test_tp_ranks_where_one_says_no_both_go_eager(tmp_path):
+    script = tmp_path / "tp.py"
+    script.write_text(TWO_RANKS)
+    init = f"file://{tmp_path / 'store'}"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), init],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for r in (0, 1)
+    ]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=120))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("a TP rank hung in the plain-graph agreement")
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-2000:]
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    assert reports == [
+        {"rank": 0, "state": "off", "reason": "tp_disagreement", "built": 0},
+        {"rank": 1, "state": "off", "reason": "headroom", "built": 0},
+    ]
