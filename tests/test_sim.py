@@ -12,8 +12,9 @@ from eagle_gate.goodput import Goodput
 from eagle_gate.policies import AlwaysSpec, NeverSpec
 from eagle_gate.sim import Scenario, Segment, Simulator, get_profile, load_profile_file
 from eagle_gate.sim.__main__ import main as sim_main
-from eagle_gate.sim.baselines import EmaTier, Oracle
-from eagle_gate.sim.workloads import grid_scenarios
+from eagle_gate.sim.baselines import EmaTier, Oracle, OracleMean
+from eagle_gate.sim.profiles import CLOSE_PROFILES
+from eagle_gate.sim.workloads import close_scenarios, grid_scenarios
 
 # a copy of shared/data/seed-pcie-tp8.json, the reference measurements
 SEED_JSON = Path(__file__).parent / "data" / "seed-pcie-tp8.json"
@@ -25,7 +26,9 @@ def small_scenario(closed=True, level=6.0, dur=3.0):
     )
 
 
-@pytest.mark.parametrize("policy", [AlwaysSpec, NeverSpec, Goodput, EmaTier, Oracle])
+@pytest.mark.parametrize(
+    "policy", [AlwaysSpec, NeverSpec, Goodput, EmaTier, Oracle, OracleMean]
+)
 @pytest.mark.parametrize("closed", [True, False])
 def test_token_and_time_accounting(policy, closed):
     prof = get_profile("single-gpu-8b")
@@ -154,3 +157,54 @@ def test_cli_quick(tmp_path, capsys):
     assert "profile single-gpu-8b / workload ramp" in out
     assert "goodput" in out and "oracle" in out
     assert (tmp_path / "single-gpu-8b.txt").exists()
+
+
+@pytest.mark.parametrize("name", ["close-spec-3", "close-plain-3"])
+def test_close_call_profiles_are_close_and_goodput_follows(name):
+    prof = CLOSE_PROFILES[name]
+    rows = dict(close_scenarios(prof, quick=True))
+    assert set(rows) == {"C=8", "C=32", "C=4..64"}
+    sc = rows["C=32"]
+    always = Simulator(prof, sc).run(AlwaysSpec()).tok_s
+    never = Simulator(prof, sc).run(NeverSpec()).tok_s
+    gap = always / never - 1
+    if name.startswith("close-spec"):
+        assert 0.01 < gap < 0.05, gap
+    else:
+        assert -0.05 < gap < -0.01, gap
+    gp = Simulator(prof, sc).run(Goodput())
+    assert gp.tok_s >= 0.98 * max(always, never)
+    assert gp.switches is not None and gp.switches <= 10
+    om = Simulator(prof, sc).run(OracleMean()).tok_s
+    assert om >= 0.995 * max(always, never)
+
+
+def test_close_workload_reports_unknown_intervals():
+    prof = CLOSE_PROFILES["close-spec-1"]
+    seen = []
+
+    class Spy(AlwaysSpec):
+        def observe(self, outcome):
+            seen.append(outcome.interval_s is None)
+
+    _, sc = close_scenarios(prof, quick=True)[0]
+    Simulator(prof, sc).run(Spy())
+    assert 0.25 <= sum(seen) / len(seen) < 0.5
+
+
+def test_cli_close_workload(tmp_path, capsys):
+    rc = sim_main(
+        [
+            "--profile",
+            "close-plain-1",
+            "--workload",
+            "close",
+            "--quick",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "profile close-plain-1 / workload close" in out
+    assert "oracle-mean" in out and "gp/or-mean" in out

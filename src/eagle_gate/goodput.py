@@ -11,27 +11,48 @@ and, across buckets, an EMA of the tokens one SPEC step emits per request
 ``acc / ts`` tokens per request and second, PLAIN ``1 / tp``; the policy runs the
 mode with the larger rate.
 
-Switching cost and dwell: the extra interval of the first SPEC step after PLAIN
-steps (the draft resync / catch-up) is measured and kept relative to the steady
-SPEC interval (``resync_rel``). After a switch the policy stays in the new mode
-for ``dwell = ceil(resync_rel / switch_overhead)`` steps, so resyncs cost at most
-``switch_overhead`` of the time spent speculating, and it only enters SPEC when
-SPEC's predicted gain exceeds that same share (hysteresis). No hand-tuned step
-counts: both follow from the measured resync.
+Switching: evidence, not a single estimate, and the same rule both ways.
+Every probe step (see Exploration) gives a *paired* sample of the step-time
+ratio ``log(ts / tp)`` in its bucket: the probe's interval against the current
+EMA of the mode being run, so drifts of batch and context cancel. Per bucket
+the policy keeps the mean and variance of these samples (weight ``1/n`` down to
+1/128, so up to ~255 samples count; a bucket's variance is shrunk towards the
+variance pooled over all buckets while it has few samples); acceptance has a
+second, slow estimate (a window of 8192 requests, with its per-request
+variance) that jumps to the fast EMA when the two differ by more than 4
+standard errors (the acceptance changed, not noise). SPEC's log gain in
+tokens/second is ``g = log(acc_slow) - mean(log(ts / tp))``, with a standard
+error from both variances. From either mode the policy switches when the
+other mode is ahead by more than the measured resync spread over the stay a
+switch expects (``stale_steps``: a bucket's decision is not re-examined by a
+probe sooner), by more than 2 standard errors. Until a bucket has 8 paired
+samples it goes by the two interval EMAs: a switch needs a gain beyond
+``switch_overhead`` and beyond the pooled noise of the EMAs' samples. A
+bucket whose winner is not clear keeps probing (4x longer probes, so a resync
+buys more samples) until it is.
+
+Dwell: the extra interval of the first SPEC step after PLAIN steps (the draft
+resync / catch-up) is measured and kept relative to the steady SPEC interval
+(``resync_rel``). After a switch the policy stays in the new mode for
+``dwell = ceil(resync_rel / switch_overhead)`` steps, so resyncs cost at most
+``switch_overhead`` of the time spent speculating. No hand-tuned step counts:
+it follows from the measured resync.
 
 Exploration: the mode not being run gets no fresh measurements. Where a bucket
 has no estimate for a mode, or that estimate is older than its staleness
 horizon, the policy runs a short probe of the other mode (``probe_steps``
-steps, extended up to 4x while none of them gave a usable interval). Probes
+steps, ``4 * probe_steps`` while the bucket has no clear winner, extended by
+up to ``3 * probe_steps`` while none of them gave a usable interval). Probes
 are limited to ``max_explore_share`` of the decided steps (plus a start credit
 of ``2 * probe_steps`` steps for the cold start and at most one probe's length
 of overdraft; unused budget is capped at ``4 * probe_steps``). A bucket's
-horizon doubles each time it is probed, and is at least long enough that the
-time a probe is expected to lose (from the current estimates, resync included)
-is at most ``explore_cost`` of the time between probes; a cold bucket's first
-probe waits the same way when the nearest measured bucket predicts a costly
-probe. The horizon resets when the bucket's decision flips, so a clear winner
-is re-checked ever more rarely. ``explored_share`` reports the share of steps.
+horizon doubles each time it is probed while its winner is clear (and is
+reset while it is not), and is at least long enough that the time a probe is
+expected to lose (from the current estimates, resync included) is at most
+``explore_cost`` of the time between probes; a cold bucket's first probe waits
+the same way when the nearest measured bucket predicts a costly probe. The
+horizon resets when the bucket's decision flips, so a clear winner is
+re-checked ever more rarely. ``explored_share`` reports the share of steps.
 
 Cold start: the policy starts in ``initial_mode`` (SPEC, SGLang's stock
 behaviour, by default); in a new bucket it first takes a sample of the mode it
@@ -59,8 +80,21 @@ expected to be *agreed* values (the adapter supplies rank 0's measured
 intervals to every rank). Given identical inputs every rank holds identical
 state and decides identically.
 
+Reporting: ``estimates()`` (the runtime's optional contract, no arguments)
+returns a small fixed set of floats: ``accept_length``, ``resync_rel``,
+``explored_share``, ``dwell_steps``, ``switches``, ``spec_home`` and, for the
+last decided bucket, ``batch_size``, ``plain_tok_s`` / ``spec_tok_s`` (when
+that bucket has an estimate of the mode) and ``spec_log_gain`` /
+``paired_samples`` (once it has paired samples). ``bucket_estimates(batch,
+mean_ctx)`` gives one bucket's raw estimates. ``predicted_plain_rate(view)``
+(for the runtime's shadow mode, on steps where the policy would run PLAIN):
+the expected output tokens/s of ONE PLAIN step for a batch like ``view``,
+i.e. its batch size over its bucket's PLAIN interval (or a neighbouring batch
+bucket's), None when none has one; O(1), allocation-free, never raises.
+
 Cost: O(1) per call, preallocated flat arrays, no allocation in ``decide`` or
-``observe``; a few microseconds in CPython.
+``observe`` (beyond Python floats); about 1.5 microseconds per decide+observe
+in CPython.
 """
 
 from __future__ import annotations
@@ -75,6 +109,7 @@ __all__ = ["Goodput", "GOODPUT_SETTINGS", "batch_bucket", "context_bucket"]
 
 _SPEC = Mode.SPEC
 _PLAIN = Mode.PLAIN
+_log = math.log
 
 #: batch-size buckets (half octaves: 1, 2, 3, 4-5, 6-7, 8-11, 12-15, ...).
 N_BATCH_BUCKETS = 26
@@ -85,11 +120,38 @@ _NBUCKETS = N_BATCH_BUCKETS * N_CONTEXT_BUCKETS
 #: outcomes arrive at most a few steps late; the ring remembers 16 decisions.
 _RING = 16
 _RING_MASK = _RING - 1
+#: a ring entry is the bucket index, with this bit set for a probe step.
+_PROBE_BIT = 1 << 10
+_IDX_MASK = _PROBE_BIT - 1
 #: at least this many steps between switches: the outcome of a decision is
 #: known two steps later, plus the step that acts on it.
 _MIN_DWELL = 3
 #: resync cost (relative to one SPEC step) assumed until one was measured.
 _RESYNC_PRIOR = 1.0
+#: smallest weight of a new paired sample in a bucket's log-ratio mean: the
+#: ratio of the two modes' step times in one bucket hardly drifts, so the
+#: evidence keeps up to ~255 samples.
+_LR_ALPHA_MIN = 1.0 / 128.0
+_LR_NEFF_MAX = 2.0 / _LR_ALPHA_MIN - 1.0
+#: variance floor of one paired log-ratio sample (1% noise).
+_LR_VAR_FLOOR = 1e-4
+#: a switch needs the gain beyond this many standard errors (squared).
+_Z2 = 2.0 * 2.0
+#: a clear bucket's probe horizon doubles up to this many stale_steps (or
+#: the explore_cost bound, when that is longer).
+_HORIZON_CAP = 4
+#: paired samples a bucket needs before they decide (before: the EMAs).
+_LN_MIN = 8
+#: probes of a bucket without a clear winner are this many times longer.
+_LONG_PROBE = 4
+#: SPEC outcomes folded into the slow acceptance estimate at once (probe
+#: steps at once).
+_ACC_CHUNK = 8
+#: requests behind the slow acceptance estimate (at most).
+_ACC_WINDOW = 8192.0
+#: the slow acceptance follows the fast one when they differ by more than
+#: this many standard errors (squared): a change, not noise.
+_ACC_DRIFT_Z2 = 16.0
 
 
 def batch_bucket(b: int) -> int:
@@ -151,6 +213,25 @@ class Goodput:
         "_starve",
         "_starve_limit",
         "_seen",
+        "_lr",
+        "_lv",
+        "_ln",
+        "_clear",
+        "_am",
+        "_aw",
+        "_av",
+        "_log_am",
+        "_chunk_tok",
+        "_chunk_req",
+        "_chunk_n",
+        "_last_b",
+        "_cur_r",
+        "_lz",
+        "_acc_z2se2",
+        "_resync_c",
+        "_vpool",
+        "_npool",
+        "_probe_len",
         "switches",
     )
 
@@ -204,6 +285,33 @@ class Goodput:
         self._starve = 0
         self._starve_limit = 4 * self.probe_steps
         self._seen = [0] * n  # cold-path visits per bucket
+        # paired evidence per bucket: log(ts / tp) from probe steps, each
+        # probe interval against the mode being run's current EMA
+        self._lr = [0.0] * n  # mean of the paired log ratios
+        self._lv = [0.0] * n  # their variance (EMA, 1/n normalised)
+        self._ln = [0] * n  # paired samples
+        self._lz = [0.0] * n  # (z * standard error of _lr)^2
+        self._acc_z2se2 = 0.0  # (z * standard error of log(acc_slow))^2
+        # the resync spread over the stay a switch expects (stale_steps)
+        self._resync_c = self._resync_rel / self.stale_steps
+        self._clear = [False] * n  # last decision was beyond the noise
+        # slow acceptance (requests-weighted, window _ACC_WINDOW requests; reset
+        # to the fast EMA when the two differ by more than their noise)
+        self._am = 0.0
+        self._aw = 0.0
+        self._av = 0.0  # per-request variance of the accept length
+        self._log_am = 0.0
+        # SPEC outcomes not yet in the slow acceptance estimate
+        self._chunk_tok = 0
+        self._chunk_req = 0
+        self._chunk_n = 0
+        self._last_b = 0
+        self._cur_r = 0
+        # pooled variance of paired samples over all buckets: the prior a
+        # bucket's own variance is shrunk towards while it has few samples
+        self._vpool = 0.0
+        self._npool = 0
+        self._probe_len = self.probe_steps
         #: number of home-mode switches so far (for reporting).
         self.switches = 0
 
@@ -224,10 +332,72 @@ class Goodput:
         """Measured resync extra interval relative to a steady SPEC step."""
         return self._resync_rel
 
-    def estimates(self, batch_size: int, mean_ctx: int = 0) -> tuple:
+    def bucket_estimates(self, batch_size: int, mean_ctx: int = 0) -> tuple:
         """(tp, ts, acc, n_plain, n_spec) of a bucket, for tests and reports."""
         i = context_bucket(mean_ctx) * _NB + batch_bucket(batch_size)
         return (self._tp[i], self._ts[i], self._acc, self._np[i], self._ns[i])
+
+    def estimates(self) -> dict[str, float]:
+        """The runtime's optional contract (status, ``eagle_gate_policy_estimate``):
+        a small fixed set of floats. ``plain_tok_s`` / ``spec_tok_s`` are the
+        last decided bucket's expected output tokens/s per mode, present only
+        when that bucket has an estimate of the mode."""
+        out = {
+            "accept_length": self._acc,
+            "resync_rel": self._resync_rel,
+            "explored_share": self.explored_share,
+            "dwell_steps": float(self._dwell),
+            "switches": float(self.switches),
+            "spec_home": 1.0 if self._home is _SPEC else 0.0,
+        }
+        i = self._ring_idx[self._cur_r] & _IDX_MASK
+        b = self._last_b
+        if b > 0:
+            out["batch_size"] = float(b)
+            if self._np[i] and self._tp[i] > 0.0:
+                out["plain_tok_s"] = b / self._tp[i]
+            if self._ns[i] and self._n_acc and self._ts[i] > 0.0:
+                out["spec_tok_s"] = b * self._acc / self._ts[i]
+            if self._ln[i] >= 2:
+                out["spec_log_gain"] = self._log_am - self._lr[i]
+                out["paired_samples"] = float(self._ln[i])
+        return out
+
+    def predicted_plain_rate(self, view: StepView) -> float | None:
+        """Expected output tokens/s of ONE PLAIN step for a batch like
+        ``view``: its batch size over the PLAIN interval of its bucket (or of
+        the next batch bucket either side, same context), None when none of
+        them has a PLAIN estimate. O(1), no allocation beyond the float,
+        never raises."""
+        try:
+            b = view.batch_size
+            if b <= 0:
+                return None
+            if b < 4:
+                bi = b
+            else:
+                bl = b.bit_length()
+                bi = 2 * bl - 2 + ((b >> (bl - 2)) & 1)
+                if bi >= _NB:
+                    bi = _NB - 1
+            total = view.seq_len_sum
+            mc = total // b if total is not None else 0
+            c = ((mc >> 10).bit_length() + 1) >> 1
+            if c >= N_CONTEXT_BUCKETS:
+                c = N_CONTEXT_BUCKETS - 1
+            row = c * _NB
+            np_ = self._np
+            tp = self._tp
+            k = row + bi
+            if np_[k] and tp[k] > 0.0:
+                return b / tp[k]
+            if bi > 0 and np_[k - 1] and tp[k - 1] > 0.0:
+                return b / tp[k - 1]
+            if bi + 1 < _NB and np_[k + 1] and tp[k + 1] > 0.0:
+                return b / tp[k + 1]
+            return None
+        except Exception:
+            return None
 
     # -- internals -------------------------------------------------------------
 
@@ -261,17 +431,20 @@ class Goodput:
         r = step & _RING_MASK
         self._ring_step[r] = step
         self._ring_idx[r] = idx
+        self._cur_r = r
+        self._last_b = b
 
         if self._probe_left > 0:  # inside an exploration probe
             # at least probe_steps steps; longer (up to 4x) while none of its
             # steps has given a usable interval yet
             done = self._probe_done + 1
-            if done < self.probe_steps or (
+            if done < self._probe_len or (
                 self._probe_got == 0 and done < self._probe_left
             ):
                 self._probe_done = done
                 self._credit -= 1.0
                 self._explored += 1
+                self._ring_idx[r] = idx | _PROBE_BIT
                 return self._probe_mode
             self._probe_left = 0
 
@@ -300,32 +473,89 @@ class Goodput:
             if step - self._switch_step < self._dwell:
                 return home
             # meanwhile, go by the nearest bucket with both estimates
-            gain = self._neighbor_gain(idx)
-            if gain is None:
-                return home
-        else:
-            other_last = self._last_s[idx] if home is _PLAIN else self._last_p[idx]
-            if step - other_last > self._horizon[idx] and (
-                self._credit >= self.probe_steps
-            ):
-                if self._probe_due(idx, home, step - other_last):
-                    return self._start_probe(_SPEC if home is _PLAIN else _PLAIN, idx)
-            if step - self._switch_step < self._dwell:
-                return home
-            # relative gain of SPEC over PLAIN in tokens per second
-            gain = self._acc * self._tp[idx] / self._ts[idx] - 1.0
-        if home is _SPEC:
-            if gain < 0.0:
-                return self._switch(_PLAIN, step, idx)
-        elif gain > self.switch_overhead:
-            return self._switch(_SPEC, step, idx)
+            k = self._neighbor(idx)
+            if k >= 0 and self._evidence(k, home):
+                return self._switch(_PLAIN if home is _SPEC else _SPEC, step, idx)
+            return home
+        other_last = self._last_s[idx] if home is _PLAIN else self._last_p[idx]
+        if step - other_last > self._horizon[idx] and (
+            self._credit >= self.probe_steps
+        ):
+            if self._probe_due(idx, home, step - other_last):
+                return self._start_probe(_SPEC if home is _PLAIN else _PLAIN, idx)
+        if step - self._switch_step < self._dwell:
+            return home
+        if self._ln[idx] < _LN_MIN:
+            if self._evidence(idx, home):
+                return self._switch(_PLAIN if home is _SPEC else _SPEC, step, idx)
+            return home
+        # the paired test of _evidence, inlined (the hot path)
+        g = self._log_am - self._lr[idx]
+        if home is _PLAIN:
+            g = -g  # the gain of staying
+        z2se2 = self._lz[idx] + self._acc_z2se2
+        c = self._resync_c
+        d = -g - c
+        if d > 0.0 and d * d > z2se2:
+            self._clear[idx] = True
+            return self._switch(_PLAIN if home is _SPEC else _SPEC, step, idx)
+        d = g + c
+        if d > 0.0 and d * d > z2se2:
+            self._clear[idx] = True
+        elif self._clear[idx]:  # no longer clear: probe again when affordable
+            self._clear[idx] = False
+            self._horizon[idx] = 0
         return home
 
-    def _neighbor_gain(self, idx: int) -> float | None:
-        """SPEC's gain in the nearest batch bucket (same context) measured in
-        both modes; bounded scan, only while a bucket is cold."""
+    def _evidence(self, k: int, home: Mode) -> bool:
+        """Whether bucket ``k`` says: leave ``home``. With paired samples, the
+        log gain of SPEC over PLAIN in tokens/s (paired step-time ratios and
+        the slow acceptance) must exceed the resync spread over the stay a
+        switch expects (``stale_steps``) by 2 standard errors, the same test
+        in both directions; before ``_LN_MIN`` paired samples, the two
+        interval EMAs must differ by ``switch_overhead`` and by 2 standard
+        errors of the pooled noise. Sets the bucket's ``clear`` flag (either
+        mode ahead beyond the noise). ``decide`` inlines the paired test."""
+        ln = self._ln[k]
+        if ln < _LN_MIN or self._aw <= 0.0:
+            gain = self._acc * self._tp[k] / self._ts[k] - 1.0
+            if home is _PLAIN:
+                gain = -gain
+            m = self.switch_overhead
+            # the noise of one interval (pooled) over the EMAs' samples
+            np_ = self._np[k]
+            ns = self._ns[k]
+            se2 = self._vpool * (
+                1.0 / (np_ if np_ < 19 else 19) + 1.0 / (ns if ns < 19 else 19)
+            )
+            beyond = self._npool < 2 or gain * gain > _Z2 * se2
+            self._clear[k] = gain > m and beyond
+            return gain < -m and beyond
+        g = self._log_am - self._lr[k]
+        # (z * standard error)^2: the paired ratios' part is kept up to date
+        # by _pair, the acceptance's by observe
+        z2se2 = self._lz[k] + self._acc_z2se2
+        c = self._resync_c
+        if home is _PLAIN:
+            g = -g  # the gain of staying
+        # leave: the other mode ahead by more than the resync, beyond the noise
+        d = -g - c
+        if d > 0.0 and d * d > z2se2:
+            self._clear[k] = True
+            return True
+        d = g + c
+        if d > 0.0 and d * d > z2se2:
+            self._clear[k] = True
+        elif self._clear[k]:  # no longer clear: probe again when affordable
+            self._clear[k] = False
+            self._horizon[k] = 0
+        return False
+
+    def _neighbor(self, idx: int) -> int:
+        """The nearest batch bucket (same context) measured in both modes, or
+        -1; a bounded scan, only while a bucket is cold."""
         if self._n_acc == 0:
-            return None
+            return -1
         row = idx - idx % _NB
         bi = idx - row
         np_ = self._np
@@ -333,11 +563,11 @@ class Goodput:
         for d in range(1, _NB):
             k = row + bi - d
             if bi - d >= 0 and np_[k] and ns[k]:
-                return self._acc * self._tp[k] / self._ts[k] - 1.0
+                return k
             k = row + bi + d
             if bi + d < _NB and np_[k] and ns[k]:
-                return self._acc * self._tp[k] / self._ts[k] - 1.0
-        return None
+                return k
+        return -1
 
     def _probe_due(self, idx: int, home: Mode, age: int) -> bool:
         """Called once the bucket's horizon has passed. A probe is due when the
@@ -349,6 +579,10 @@ class Goodput:
         ts = self._ts[idx]
         acc = self._acc
         n = self.probe_steps
+        if self._ln[idx] >= _LN_MIN and not self._clear[idx]:
+            n = _LONG_PROBE * n
+        if self._credit < n:
+            return False
         if home is _PLAIN:  # a SPEC probe: its steps beyond PLAIN's, plus a resync
             lost = (n * (ts - acc * tp) + self._resync_rel * ts) / tp
         else:  # a PLAIN probe: its tokens made slower, plus the resync after it
@@ -359,18 +593,30 @@ class Goodput:
         if age < need:
             self._horizon[idx] = int(need) + 1 if need < (1 << 30) else 1 << 30
             return False
-        h = h + h if h < (1 << 29) else h
+        if self._clear[idx]:  # decided beyond the noise: re-check later,
+            # up to _HORIZON_CAP x stale_steps (a change must show up)
+            cap = _HORIZON_CAP * self.stale_steps
+            if h < cap:
+                h = h + h if h + h < cap else cap
+        else:  # not yet: probe again as soon as cost and budget allow
+            h = 0
         self._horizon[idx] = h
         return True
 
     def _cold_probe_due(self, idx: int, home: Mode) -> bool:
         """A cold bucket's first probe, unless the nearest measured bucket
         says it would lose more than ``explore_cost`` of the steps this bucket
-        has run so far (then it waits, like a stale probe)."""
+        has run so far (then it waits, like a stale probe). A bucket of a
+        batch more than two half-octaves larger predicts nothing."""
         seen = self._seen[idx] + 1
         self._seen[idx] = seen
-        g = self._neighbor_gain(idx)
-        if g is None or g < -0.99:
+        k = self._neighbor(idx)
+        if k < 0 or k - idx > 2:
+            # nothing measured, or only much larger batches, whose probes
+            # cost more (verify grows with the batch): no prediction
+            return True
+        g = self._acc * self._tp[k] / self._ts[k] - 1.0
+        if g < -0.99:
             return True
         acc = self._acc
         n = self.probe_steps
@@ -384,10 +630,17 @@ class Goodput:
     def _start_probe(self, mode: Mode, idx: int) -> Mode:
         self._credit -= 1.0
         self._probe_mode = mode
-        self._probe_left = 4 * self.probe_steps  # the longest a probe may run
+        # a bucket with evidence but no clear winner gets long probes: more
+        # paired samples per resync
+        n = self.probe_steps
+        if self._ln[idx] >= _LN_MIN and not self._clear[idx]:
+            n = _LONG_PROBE * n
+        self._probe_len = n
+        self._probe_left = n + 3 * self.probe_steps  # the longest a probe may run
         self._probe_done = 0
         self._probe_got = 0
         self._explored += 1
+        self._ring_idx[self._cur_r] |= _PROBE_BIT
         return mode
 
     def _switch(self, mode: Mode, step: int, idx: int) -> Mode:
@@ -408,8 +661,12 @@ class Goodput:
         r = step & _RING_MASK
         if self._ring_step[r] == step:
             idx = self._ring_idx[r]
+            probe = idx >= _PROBE_BIT
+            if probe:
+                idx &= _IDX_MASK
         else:  # unknown step (should not happen): batch bucket, context 0
             idx = batch_bucket(b)
+            probe = False
         alpha = self.ema_alpha
         dt = outcome.interval_s
         if mode is _SPEC or mode == 0:
@@ -418,7 +675,20 @@ class Goodput:
             n = self._n_acc + b
             self._n_acc = n
             a = b / n if n * alpha < b else alpha * (b if b < 8 else 8) * 0.125
-            self._acc += a * (outcome.tokens / b - self._acc)
+            x = outcome.tokens / b
+            acc = self._acc + a * (x - self._acc)
+            self._acc = acc
+            # the slow estimate, in chunks of a few SPEC steps (cheaper)
+            t = self._chunk_tok + outcome.tokens
+            q = self._chunk_req + b
+            m = self._chunk_n + 1
+            if m < _ACC_CHUNK and not probe:
+                self._chunk_tok = t
+                self._chunk_req = q
+                self._chunk_n = m
+            else:
+                self._chunk_tok = self._chunk_req = self._chunk_n = 0
+                self._slow_acceptance(t, q, acc, a, b, idx, probe)
             if dt is None or dt <= 0.0:
                 return
             if prev is not _SPEC and prev != 0:
@@ -449,6 +719,8 @@ class Goodput:
             ts = self._ts[idx]
             ts += a * (dt - ts)
             self._ts[idx] = ts
+            if probe and self._np[idx]:
+                self._pair(idx, math.log(dt / self._tp[idx]))
             if self._pending_first >= 0.0 and self._pending_idx == idx:
                 self._note_resync(self._pending_first, ts)
                 self._pending_first = -1.0
@@ -462,6 +734,66 @@ class Goodput:
                 self._probe_got += 1
             a = 1.0 / n if n * alpha < 1.0 else alpha
             self._tp[idx] += a * (dt - self._tp[idx])
+            if probe and self._ns[idx] and not self._weak[idx]:
+                self._pair(idx, math.log(self._ts[idx] / dt))
+
+    def _slow_acceptance(
+        self, tokens: int, req: int, acc: float, a: float, b: int, idx: int, probe: bool
+    ) -> None:
+        """Fold ``tokens`` over ``req`` requests into the slow acceptance
+        estimate (a window of requests, with its per-request variance); jump
+        to the fast EMA ``acc`` (weight ``a`` at batch ``b``) when the two
+        differ beyond their noise."""
+        w = self._aw + req
+        if w > _ACC_WINDOW:
+            w = _ACC_WINDOW
+        f = req / w
+        am = self._am
+        d = tokens / req - am
+        am += f * d
+        av = (1.0 - f) * (self._av + f * req * d * d)
+        d = acc - am
+        v = av * (a / ((2.0 - a) * b) + 1.0 / w)
+        if d * d > _ACC_DRIFT_Z2 * v:
+            # the fast EMA moved beyond the noise: acceptance changed
+            am = acc
+            w = b * (2.0 - a) / a
+        elif probe and d * d > 4.0 * v and self._clear[idx]:
+            # it may be changing: the bucket is not clear any more, so it
+            # is probed again as soon as the cost bound allows
+            self._clear[idx] = False
+            self._horizon[idx] = 0
+        self._am = am
+        self._aw = w
+        self._av = av
+        if am > 0.0:
+            self._log_am = _log(am)
+            self._acc_z2se2 = _Z2 * av / (w * am * am)
+
+    def _pair(self, idx: int, x: float) -> None:
+        """One paired sample of log(ts / tp) in a bucket: a probe's interval
+        against the current EMA of the mode being run."""
+        n = self._ln[idx] + 1
+        self._ln[idx] = n
+        a = 1.0 / n
+        if a < _LR_ALPHA_MIN:
+            a = _LR_ALPHA_MIN
+        m = self._lr[idx]
+        d = x - m
+        self._lr[idx] = m + a * d
+        self._lv[idx] = (1.0 - a) * (self._lv[idx] + a * d * d)
+        if n > 1:  # the pooled variance of a sample around its bucket's mean
+            k = self._npool + 1
+            self._npool = k
+            a = 1.0 / k if k < 256 else 1.0 / 256
+            vp = self._vpool + a * (d * d * (n - 1) / n - self._vpool)
+            self._vpool = vp
+            # the bucket's variance, shrunk towards the pooled one (4
+            # samples' worth), as (z * standard error of the mean)^2
+            v = (n * self._lv[idx] + 4.0 * vp) / (n + 4)
+            if v < _LR_VAR_FLOOR:
+                v = _LR_VAR_FLOOR
+            self._lz[idx] = _Z2 * v / (n - 1 if n <= _LR_NEFF_MAX else _LR_NEFF_MAX)
 
     def _note_resync(self, first_dt: float, ts: float) -> None:
         rel = (first_dt - ts) / ts
@@ -472,6 +804,7 @@ class Goodput:
         alpha = self.ema_alpha
         a = 1.0 / n if n * alpha < 1.0 else alpha
         self._resync_rel += a * (rel - self._resync_rel)
+        self._resync_c = self._resync_rel / self.stale_steps
         self._dwell = self._compute_dwell()
 
 
@@ -479,7 +812,8 @@ GOODPUT_SETTINGS = {
     "max_explore_share": Setting(
         float,
         0.03,
-        "largest share of decode steps spent probing the mode not chosen",
+        "largest share of decode steps spent probing the mode not chosen (a "
+        "bucket with a clear winner probes far less: see explore_cost)",
         0.0,
         0.5,
     ),
@@ -502,7 +836,8 @@ GOODPUT_SETTINGS = {
         float,
         0.05,
         "largest share of SPEC time to spend on draft resyncs; sets the minimum "
-        "dwell from the measured resync cost and the gain needed to enter SPEC",
+        "dwell from the measured resync cost, and the margin a switch needs "
+        "(either way) until a bucket has 8 paired samples",
         0.001,
         1.0,
     ),

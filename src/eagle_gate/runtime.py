@@ -165,6 +165,8 @@ class GateRuntime:
         self._shadow_seen = self.shadow
         self._predict = predicted_plain_rate(policy)
         self.policy_errors = 0
+        #: outcomes outside the StepOutcome contract (see observe).
+        self.invalid_outcomes = 0
         self.policy_errors_by_reason = dict.fromkeys(PolicyErrors.ALL, 0)
         self.overrides: dict[str, int] = {}
         self._last_log = -_LOG_EVERY_S
@@ -393,7 +395,17 @@ class GateRuntime:
 
     # -- after the result was resolved ---------------------------------------
     def observe(self, mode: Mode, step: int, accept_lens: Sequence[int]) -> None:
-        """Account a resolved decode step and tell the policy."""
+        """Account a resolved decode step and tell the policy.
+
+        The outcome contract (``StepOutcome``): ``tokens`` is the sum of
+        ``accept_lens``, a PLAIN step emits one token per request and a SPEC
+        step between 1 and ``num_draft_tokens`` per request. What a
+        third-party adapter sends outside it is counted in
+        ``invalid_outcomes`` and corrected (a PLAIN step: one token per
+        request) or, when it cannot be (no valid mode, lengths that are not
+        numbers, SPEC tokens out of range), not accounted and not shown to
+        the policy; the next interval is then unknown. O(1) beyond the sum.
+        """
         now = self._clock()
         last = self._last_resolve
         interval = (
@@ -401,7 +413,30 @@ class GateRuntime:
         )
         self._last_resolve = now
         self._non_decode_since_resolve = False
-        tokens = sum(accept_lens)
+        bad = False
+        if mode is not Mode.SPEC and mode is not Mode.PLAIN:
+            if mode == 0 or mode == 1:  # an int for the Mode
+                mode = Mode.PLAIN if mode else Mode.SPEC
+            else:
+                bad = True
+        try:
+            tokens = sum(accept_lens).__index__()  # ints only (numpy's too)
+            b = len(accept_lens)
+        except Exception:
+            bad = True
+        if not bad:
+            if mode is Mode.PLAIN:
+                if tokens != b:  # correct it: a plain step emits one token each
+                    self.invalid_outcomes += 1
+                    accept_lens = (1,) * b
+                    tokens = b
+            else:
+                k = self.view.num_draft_tokens
+                bad = tokens < b or (k > 1 and tokens > b * k)
+        if bad:
+            self.invalid_outcomes += 1
+            self._non_decode_since_resolve = True
+            return
         if self._shadow_seen:
             self.shadow_ledger.resolved(step, tokens, interval)
         self.steps_by_mode[mode] += 1
@@ -621,6 +656,7 @@ class GateRuntime:
                 "plain": self.decisions_by_mode[1],
             },
             "policy_errors": self.policy_errors,
+            "invalid_outcomes": self.invalid_outcomes,
             "policy_errors_by_reason": dict(self.policy_errors_by_reason),
             "slow_decisions": self.slow_decisions,
             "decide_budget_s": self.decide_budget_s,

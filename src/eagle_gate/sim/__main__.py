@@ -3,15 +3,19 @@
 Examples::
 
     python -m eagle_gate.sim                       # all built-in profiles
+    python -m eagle_gate.sim --workload close --profile close-plain-3
     python -m eagle_gate.sim --profile seed-pcie-tp8 --workload grid
     python -m eagle_gate.sim --profile-file my.toml --quick
     python -m eagle_gate.sim replay decisions-1234.jsonl --policy threshold
 
 Prints, per profile and workload, output tok/s and mean TPOT of every policy
 (always, never, threshold, threshold* = tuned by grid search, sglang-ema,
-goodput, oracle) with goodput's ratios to the better of always/never, to
-threshold* and to the oracle; writes the tables (and a PNG plot of the grid
-when matplotlib is installed) under ``--out``.
+goodput, oracle = per-step oracle that knows each step's acceptance draws,
+oracle-mean = the same knowing only the expected acceptance) with goodput's
+ratios to the better of always/never, to threshold* and to both oracles;
+writes the tables (and a PNG plot of the grid when matplotlib is installed)
+under ``--out``. The close-call profiles (``close-*``) run the ``close``
+workload unless ``--workload`` says otherwise.
 """
 
 from __future__ import annotations
@@ -22,11 +26,18 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from eagle_gate.sim.profiles import BUILTIN_PROFILES, get_profile, load_profile_file
+from eagle_gate.sim.profiles import (
+    BUILTIN_PROFILES,
+    CLOSE_PROFILES,
+    get_profile,
+    load_profile_file,
+)
 from eagle_gate.sim.report import format_table, run_profile, write_plot
 from eagle_gate.sim.workloads import WORKLOADS
 
 DEFAULT_WORKLOADS = ("grid", "ramp", "mix")
+#: what the close-call profiles run by default.
+CLOSE_WORKLOADS = ("close",)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--workload",
         action="append",
         choices=WORKLOADS,
-        help=f"workload (repeatable; default: {', '.join(DEFAULT_WORKLOADS)})",
+        help=f"workload (repeatable; default: {', '.join(DEFAULT_WORKLOADS)}, "
+        "and close for the close-* profiles)",
     )
     ap.add_argument(
         "--out", default="eagle_gate_sim_out", help="output directory for tables/plots"
@@ -77,13 +89,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if not profiles:
         profiles = list(BUILTIN_PROFILES.values())
-    workloads = args.workload or list(DEFAULT_WORKLOADS)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
     plot_note = False
     for prof in profiles:
+        if args.workload:
+            workloads = list(args.workload)
+        elif prof.name in CLOSE_PROFILES:
+            workloads = list(CLOSE_WORKLOADS)
+        else:
+            workloads = list(DEFAULT_WORKLOADS)
         rep = run_profile(
             prof, workloads, quick=args.quick, cpu_seq_lens=not args.no_cpu_seq_lens
         )

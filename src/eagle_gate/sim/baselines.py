@@ -10,6 +10,9 @@
   The resync a switch to SPEC costs is amortized over ``horizon`` steps (a
   purely myopic comparison would never leave PLAIN once the resync outweighs
   one step's gain).
+* :class:`OracleMean`: the same with each request's expected acceptance (its
+  class's mean) instead of the step's draws: no causal policy can use the
+  draws, so this is the reachable target.
 * :func:`tune_threshold`: grid search of the built-in ``threshold`` policy.
 """
 
@@ -20,7 +23,7 @@ from typing import Any
 
 from eagle_gate.policy import Mode, StepOutcome, StepView
 
-__all__ = ["EmaTier", "Oracle", "THRESHOLD_GRID", "DEFAULT_TIERS"]
+__all__ = ["EmaTier", "Oracle", "OracleMean", "THRESHOLD_GRID", "DEFAULT_TIERS"]
 
 DEFAULT_TIERS: tuple[tuple[int, tuple[int, ...]], ...] = (
     (1, (1, 3, 5, 7)),
@@ -105,6 +108,19 @@ class Oracle:
 
     def observe(self, outcome: StepOutcome) -> None:
         return None
+
+
+class OracleMean(Oracle):
+    """Like :class:`Oracle`, but knows only each request's *expected*
+    acceptance (its class's mean), not the step's draws: the best a causal
+    policy could do with perfect estimates."""
+
+    name = "oracle-mean"
+
+    def decide(self, view: StepView) -> Mode:
+        b, spec_tokens, t_spec, resync, t_plain = self._sim.peek_mean()
+        spec_rate = spec_tokens / (t_spec + resync / self.horizon)
+        return Mode.SPEC if spec_rate > b / t_plain else Mode.PLAIN
 
 
 #: (plain_above, spec_at_or_below) pairs searched by the threshold tuning;

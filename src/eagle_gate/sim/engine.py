@@ -67,6 +67,9 @@ class Scenario:
     #: random progress (a steady state instead of a synchronized start).
     staggered_start: bool = True
     seed: int = 0
+    #: share of decode intervals reported as unknown (``interval_s=None``) on
+    #: top of those after prefills: adapters that cannot time every step.
+    unknown_share: float = 0.0
 
     @property
     def duration_s(self) -> float:
@@ -152,6 +155,20 @@ class Simulator:
             self._pools[name] = pool
         sigma = profile.noise
         self._noise = [math.exp(rng.gauss(0.0, sigma)) for _ in range(_POOL)]
+        #: expected tokens per request of a default SPEC step, per pool
+        s_def = profile.num_draft_tokens - 1
+        self._pool_mean = {
+            id(self._pools[name]): profile.mean_accept(alpha, s_def)
+            for name, alpha in profile.classes.items()
+        }
+        # which decode intervals are unknown (its own generator: common random
+        # numbers for everything else)
+        u = scenario.unknown_share
+        if u > 0.0:
+            urng = random.Random(scenario.seed * 104_729 + 11)
+            self._unknown = [urng.random() < u for _ in range(_POOL)]
+        else:
+            self._unknown = None
         self._req_rng = random.Random(scenario.seed * 7_919 + 3)
 
     # -- helpers used by the oracle ------------------------------------------------
@@ -169,6 +186,28 @@ class Simulator:
         for i in range(b):
             g = pools[i][(p + i) & _MASK]
             a = g + 1 if g < s else k
+            r = rem[i]
+            tot += a if a < r else r
+        prof = self.profile
+        resync = prof.resync_time(b, self._plain_run) if self._plain_run else 0.0
+        return (
+            b,
+            tot,
+            prof.spec_time(b, self._kv),
+            resync,
+            prof.plain_time(b, self._kv),
+        )
+
+    def peek_mean(self) -> tuple[int, float, float, float, float]:
+        """Like :meth:`peek`, with each request's *expected* accept length
+        (its class's mean) instead of the step's draws."""
+        b = len(self._run_rem)
+        means = self._pool_mean
+        pools = self._run_pool
+        rem = self._run_rem
+        tot = 0.0
+        for i in range(b):
+            a = means[id(pools[i])]
             r = rem[i]
             tot += a if a < r else r
         prof = self.profile
@@ -335,6 +374,7 @@ class Simulator:
         run_rem = self._run_rem
         run_pool = self._run_pool
         r_emitted = self._r_emitted
+        unknown = self._unknown
 
         while clock < end:
             while seg_i < len(segs) - 1 and clock >= seg_end[seg_i]:
@@ -479,12 +519,13 @@ class Simulator:
             if rec is not None:
                 for i, a in enumerate(accl):
                     r_emitted[run_id[i]] += a
+            known = prev_decode and (unknown is None or not unknown[step & _MASK])
             pending = StepOutcome(
                 mode=mode,
                 batch_size=b,
                 tokens=tot,
                 accept_lens=accl,
-                interval_s=dur if prev_decode else None,
+                interval_s=dur if known else None,
                 step=step,
             )
             prev_decode = True

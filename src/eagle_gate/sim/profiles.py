@@ -57,7 +57,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Profile", "BUILTIN_PROFILES", "load_profile_file", "get_profile"]
+__all__ = [
+    "Profile",
+    "BUILTIN_PROFILES",
+    "CLOSE_PROFILES",
+    "close_call_profile",
+    "load_profile_file",
+    "get_profile",
+]
 
 
 @dataclass(frozen=True)
@@ -308,9 +315,57 @@ LONG_CONTEXT = Profile(
     default_class="code",
 )
 
+
+def close_call_profile(gain: float) -> Profile:
+    """A close call: SPEC's expected output rate is ``1 + gain`` times
+    PLAIN's at every batch size (``gain`` of a few percent, either sign),
+    with noisy step times (``exp(N(0, 0.12))``: about +-12%), a small
+    measured resync, and clients that pause between requests so the decode
+    batch moves from step to step. SPEC's table is PLAIN's times the mean
+    accept length of the default class divided by ``1 + gain``."""
+    alpha = 0.6
+    s = 3  # num_draft_tokens 4
+    acc = sum(alpha**j for j in range(s + 1))
+    batches = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    plain = tuple((b, 0.008 + 0.00012 * b) for b in batches)
+    spec = tuple((b, t * acc / (1.0 + gain)) for b, t in plain)
+    pct = round(abs(gain) * 100)
+    ahead = "spec" if gain > 0 else "plain"
+    return Profile(
+        name=f"close-{ahead}-{pct}",
+        description=(
+            f"close call: {ahead.upper()} {pct}% ahead at every batch size, "
+            "+-12% step-time noise, small resync"
+        ),
+        num_draft_tokens=s + 1,
+        plain_table=plain,
+        spec_table=spec,
+        per_kv=0.0,
+        resync_fixed=0.002,
+        catchup_per_tok=0.000002,
+        catchup_cap=64,
+        prefill_fixed=0.008,
+        prefill_per_tok=0.000005,
+        max_running=256,
+        noise=0.12,
+        client_gap_s=0.3,
+        prompt_len=(200, 1200),
+        output_len=(100, 400),
+        classes={"code": alpha, "chat": 0.4},
+        default_class="code",
+    )
+
+
+#: close calls (``--workload close``): one mode 1, 3 or 5% ahead, each way.
+CLOSE_PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (close_call_profile(g) for g in (0.01, 0.03, 0.05, -0.01, -0.03, -0.05))
+}
+
 BUILTIN_PROFILES: dict[str, Profile] = {
     p.name: p for p in (SEED_PCIE_TP8, SINGLE_GPU_8B, LONG_CONTEXT)
 }
+BUILTIN_PROFILES.update(CLOSE_PROFILES)
 
 
 def get_profile(name: str) -> Profile:

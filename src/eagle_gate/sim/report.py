@@ -10,10 +10,11 @@ from typing import Any
 
 from eagle_gate.goodput import Goodput
 from eagle_gate.policies import AlwaysSpec, NeverSpec, Threshold
-from eagle_gate.sim.baselines import EmaTier, Oracle, tune_threshold
+from eagle_gate.sim.baselines import EmaTier, Oracle, OracleMean, tune_threshold
 from eagle_gate.sim.engine import Scenario, SimResult, Simulator
 from eagle_gate.sim.profiles import Profile
 from eagle_gate.sim.workloads import (
+    close_scenarios,
     grid_scenarios,
     mix_scenarios,
     open_ramp_scenario,
@@ -31,6 +32,7 @@ POLICY_ORDER: tuple[str, ...] = (
     "sglang-ema",
     "goodput",
     "oracle",
+    "oracle-mean",
 )
 
 
@@ -55,6 +57,7 @@ def policy_factories(tuned: tuple[int, int]) -> dict[str, Callable[[], Any]]:
         "sglang-ema": EmaTier,
         "goodput": Goodput,
         "oracle": Oracle,
+        "oracle-mean": OracleMean,
     }
 
 
@@ -119,6 +122,8 @@ def run_profile(
             rows = [(f"C={c}", sc) for c, sc in mix_scenarios(profile, quick)]
         elif wl == "open-ramp":
             rows = [("open-ramp", open_ramp_scenario(profile, quick))]
+        elif wl == "close":
+            rows = close_scenarios(profile, quick)
         else:
             raise ValueError(f"unknown workload {wl!r}")
         rep.results[wl] = _run_all(profile, rows, fac, cpu_seq_lens)
@@ -140,16 +145,18 @@ def format_table(rep: ProfileReport, workload: str) -> str:
     lines = [head, "output tok/s"]
     w = max(11, *(len(n) + 1 for n in names))
     hdr = f"{'':>9}" + "".join(f"{n:>{w}}" for n in names)
-    hdr += "  gp/best(a,n)  gp/thr*  gp/oracle  explored"
+    hdr += "  gp/best(a,n)  gp/thr*  gp/oracle  gp/or-mean  explored  switches"
     lines.append(hdr)
     for label, res in rows:
         line = f"{label:>9}" + "".join(f"{res[n].tok_s:>{w}.1f}" for n in names)
         gp = res["goodput"].tok_s
         best = max(res["always"].tok_s, res["never"].tok_s)
         share = res["goodput"].explored_share or 0.0
+        om = res["oracle-mean"].tok_s if "oracle-mean" in res else 0.0
         line += (
             f"  {_ratio(gp, best):>12}  {_ratio(gp, res['threshold*'].tok_s):>7}"
-            f"  {_ratio(gp, res['oracle'].tok_s):>9}  {share:8.2%}"
+            f"  {_ratio(gp, res['oracle'].tok_s):>9}  {_ratio(gp, om):>10}"
+            f"  {share:8.2%}  {res['goodput'].switches or 0:8d}"
         )
         lines.append(line)
     lines.append("mean TPOT (ms)")

@@ -1,4 +1,5 @@
-"""Built-in workloads: concurrency grid, load ramp, two-class mix, open-loop ramp."""
+"""Built-in workloads: concurrency grid, load ramp, two-class mix, open-loop ramp,
+close calls."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ __all__ = [
     "ramp_scenario",
     "mix_scenarios",
     "open_ramp_scenario",
+    "close_scenarios",
 ]
 
 #: closed-loop concurrencies of the grid (those of seed-pcie-tp8.json).
@@ -21,7 +23,12 @@ MIX_LEVELS: tuple[int, ...] = (2, 10, 30, 100)
 #: the ramp: closed-loop clients, up and down.
 RAMP_LEVELS: tuple[int, ...] = (1, 2, 5, 10, 30, 70, 100, 250, 100, 70, 30, 10, 5, 2, 1)
 
-WORKLOADS: tuple[str, ...] = ("grid", "ramp", "mix", "open-ramp")
+WORKLOADS: tuple[str, ...] = ("grid", "ramp", "mix", "open-ramp", "close")
+#: the close-call workload: steady concurrencies, then one that moves.
+CLOSE_LEVELS: tuple[int, ...] = (8, 32)
+CLOSE_MOVING: tuple[int, ...] = (4, 16, 48, 8, 32, 64, 12, 24)
+#: share of decode intervals the close-call workload reports as unknown.
+CLOSE_UNKNOWN_SHARE = 0.25
 
 
 def _step_time(profile: Profile, c: int) -> float:
@@ -121,3 +128,49 @@ def open_ramp_scenario(
         warmup_s=0.0,
         seed=seed + 3000,
     )
+
+
+def close_scenarios(
+    profile: Profile, quick: bool = False, seed: int = 0
+) -> list[tuple[str, Scenario]]:
+    """Long closed-loop runs for close calls (``close-*`` profiles, but any
+    profile works): steady concurrencies and one that moves every few hundred
+    steps; a quarter of the decode intervals are unknown on top of those
+    after prefills. Batch sizes move from step to step with the clients'
+    pauses (the profile's ``client_gap_s``)."""
+    steps = 4000 if quick else 12000
+    out = []
+    for c in CLOSE_LEVELS:
+        dur = steps * _step_time(profile, c)
+        out.append(
+            (
+                f"C={c}",
+                Scenario(
+                    name=f"close-c{c}",
+                    segments=(Segment(dur, c),),
+                    closed_loop=True,
+                    warmup_s=0.05 * dur,
+                    seed=seed + 4000 + c,
+                    unknown_share=CLOSE_UNKNOWN_SHARE,
+                ),
+            )
+        )
+    per = steps // (2 * len(CLOSE_MOVING))
+    segs = []
+    for _ in range(2):
+        for c in CLOSE_MOVING:
+            segs.append(Segment(per * _step_time(profile, c), c))
+    out.append(
+        (
+            "C=4..64",
+            Scenario(
+                name="close-moving",
+                segments=tuple(segs),
+                closed_loop=True,
+                warmup_s=0.0,
+                seed=seed + 4999,
+                unknown_share=CLOSE_UNKNOWN_SHARE,
+            ),
+        )
+    )
+    return out
