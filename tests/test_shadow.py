@@ -299,3 +299,34 @@ def test_replay_of_a_shadow_log_shows_the_comparison(tmp_path, capsys):
     assert "shadow log: 5 decisions ran SGLang's stock SPEC step" in out
     assert "'never' would run: spec 0, plain 5" in out
     assert "estimated throughput gain unknown" in out  # never predicts nothing
+
+
+def test_goodput_in_shadow_mode_probes_on_paper_and_predicts_nothing_unmeasured():
+    """goodput learns PLAIN rates from PLAIN steps, which shadow mode never
+    runs: its would-PLAIN decisions are its probes, every outcome it sees is
+    SPEC, it never errs, and the gain stays unknown (not a made-up zero).
+    Switched live, the same policy object goes on."""
+    from eagle_gate.goodput import Goodput
+
+    policy = Goodput()
+    t = iter(float(i) * 0.01 for i in range(10**6))
+    rt = GateRuntime(
+        GateConfig("goodput", shadow=True),
+        policy,
+        sglang_version="t",
+        adapter="t",
+        plain_step_available=True,
+        num_draft_tokens=4,
+        clock=lambda: next(t),
+    )
+    for _ in range(3000):
+        mode, step = rt.decide(4, 400)
+        assert mode is Mode.SPEC
+        rt.observe(mode, step, [2, 2, 1, 3])
+    totals = rt.status()["shadow_totals"]
+    assert rt.policy_errors == 0 and rt.invalid_outcomes == 0
+    assert totals["would_run"]["plain"] > 0  # probes, on paper
+    assert totals["plain_estimated"] == 0
+    assert totals["estimated_gain"] is None
+    assert rt.apply_config(GateConfig("goodput", dict(rt.config.settings)), 1)
+    assert rt.policy is policy and not rt.shadow
