@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import sglang_env
+from support.two_ranks import run_ranks
 
 from eagle_gate import launch
 from eagle_gate.adapters import sglang_0_5_9, sglang_0_5_23
@@ -584,31 +582,7 @@ dist.destroy_process_group()
 
 
 def test_tp_ranks_where_one_says_no_both_go_eager(tmp_path):
-    script = tmp_path / "tp.py"
-    script.write_text(TWO_RANKS)
-    init = f"file://{tmp_path / 'store'}"
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(r), init],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for r in (0, 1)
-    ]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=120))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a TP rank hung in the plain-graph agreement")
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-2000:]
-    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    reports = run_ranks(tmp_path, TWO_RANKS, timeout_s=120)
     assert reports == [
         {"rank": 0, "state": "off", "reason": "tp_disagreement", "built": 0},
         {"rank": 1, "state": "off", "reason": "headroom", "built": 0},

@@ -1,9 +1,11 @@
-"""Two real processes as two TP ranks, agreeing on runtime changes over a gloo
-CPU group exactly as schedulers do (``eagle_gate.control.torch_broadcast``).
+"""Two real processes as two TP ranks over a gloo CPU group
+(:func:`run_ranks`), and the runtime-control agreement run that way, exactly
+as schedulers do it (``eagle_gate.control.torch_broadcast``).
 
-Each rank runs a GateRuntime for 24 decode steps with control checked every 4;
-rank 0 writes a valid request (policy ``never``) before step ``write_step``.
-Both ranks report the step at which their configuration changed.
+In :func:`run_two_ranks` each rank runs a GateRuntime for 24 decode steps
+with control checked every 4; rank 0 writes a valid request (policy
+``never``) before step ``write_step``. Both ranks report the step at which
+their configuration changed.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from eagle_gate.control import validate_change, write_request
 from eagle_gate.policy import Mode
 from eagle_gate.runtime import GateRuntime
 
-rank, d, init, write_step = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+rank, init, d, write_step = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
 dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
                         timeout=datetime.timedelta(seconds=30))
 group = dist.new_group([0, 1], backend="gloo")
@@ -51,27 +53,20 @@ dist.destroy_process_group()
 """
 
 
-def run_two_ranks(
-    status_dir: Path, write_step: int, *, timeout_s: float = 240
+def run_ranks(
+    workdir: Path, script_text: str, *args: str, timeout_s: float = 240
 ) -> list[dict]:
-    """Run both ranks on ``status_dir``; return their reports (rank 0 first).
-
-    Fails the test, naming the hang, if a rank does not finish in time.
-    """
-    script = status_dir / "tp.py"
-    script.write_text(SCRIPT)
-    init = f"file://{status_dir / 'store'}"
+    """Run ``script_text`` as two processes, ``argv``: rank, a gloo
+    ``init_method`` under ``workdir``, then ``args``; return the JSON each
+    printed last (rank 0 first). Fails the test, naming the hang, if a rank
+    does not finish in time."""
+    script = workdir / f"ranks-{abs(hash(script_text))}.py"
+    script.write_text(script_text)
+    init = f"file://{workdir / 'store'}"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                str(script),
-                str(r),
-                str(status_dir),
-                init,
-                str(write_step),
-            ],
+            [sys.executable, str(script), str(r), init, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -86,7 +81,17 @@ def run_two_ranks(
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail("a TP rank hung in the control broadcast")
+            pytest.fail("a rank hung in a collective")
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-2000:]
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+
+
+def run_two_ranks(
+    status_dir: Path, write_step: int, *, timeout_s: float = 240
+) -> list[dict]:
+    """The control agreement (:data:`SCRIPT`) on ``status_dir``; the ranks'
+    reports, rank 0 first."""
+    return run_ranks(
+        status_dir, SCRIPT, str(status_dir), str(write_step), timeout_s=timeout_s
+    )

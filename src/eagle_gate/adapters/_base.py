@@ -958,6 +958,51 @@ def select_plain_path(graphs: PlainGraphs | None, bs: int) -> tuple[str, str | N
 _MISSING = object()
 
 
+_PLAIN_DECODE_PINS: Any = None
+
+
+def plain_decode_pins() -> type:
+    """A mixin for SGLang's decode graph runners (both versions) that pins
+    what their constructors set for a speculative target: DECODE instead of
+    TARGET_VERIFY, a hidden-state capture of at least LAST (a LAST graph
+    serves NULL and LAST requests; FULL never reaches the plain step), and no
+    spec info. Properties whose setters ignore (or raise to LAST) the
+    constructor's assignments, so every reader sees the pinned values from
+    the start. Put it first in the bases. Built on first use (SGLang's enums)."""
+    global _PLAIN_DECODE_PINS
+    if _PLAIN_DECODE_PINS is not None:
+        return _PLAIN_DECODE_PINS
+    from sglang.srt.model_executor.forward_batch_info import (
+        CaptureHiddenMode,
+        ForwardMode,
+    )
+
+    class PlainDecodePins:
+        @property
+        def capture_forward_mode(self):
+            return ForwardMode.DECODE
+
+        @capture_forward_mode.setter
+        def capture_forward_mode(self, value):
+            pass  # the constructor's TARGET_VERIFY
+
+        @property
+        def capture_hidden_mode(self):
+            return self.__dict__.get("_eagle_gate_hidden", CaptureHiddenMode.LAST)
+
+        @capture_hidden_mode.setter
+        def capture_hidden_mode(self, value):
+            self.__dict__["_eagle_gate_hidden"] = max(
+                CaptureHiddenMode(value), CaptureHiddenMode.LAST
+            )
+
+        def get_spec_info(self, num_tokens):
+            return None
+
+    _PLAIN_DECODE_PINS = PlainDecodePins
+    return PlainDecodePins
+
+
 @contextlib.contextmanager
 def swap_attrs(obj: Any, **values: Any):
     """Set attributes of ``obj`` for the ``with`` block and put the old values

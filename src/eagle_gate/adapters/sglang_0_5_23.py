@@ -37,6 +37,7 @@ from eagle_gate.adapters._base import (
     flat_plain_tokens,
     kv_slots,
     make_worker_wrapper,
+    plain_decode_pins,
     plain_target_forward,
     resolver_wrapper,
     scheduler_init_wrapper,
@@ -483,35 +484,12 @@ def _plain_runner_cls() -> Any:
     global _PLAIN_RUNNER_CLS
     if _PLAIN_RUNNER_CLS is not None:
         return _PLAIN_RUNNER_CLS
-    from sglang.srt.model_executor.forward_batch_info import (
-        CaptureHiddenMode,
-        ForwardMode,
-    )
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
         DecodeCudaGraphRunner,
     )
 
-    class PlainDecodeGraphRunner(DecodeCudaGraphRunner):
-        @property
-        def capture_forward_mode(self):
-            return ForwardMode.DECODE
-
-        @capture_forward_mode.setter
-        def capture_forward_mode(self, value):
-            pass  # the constructor's TARGET_VERIFY
-
-        @property
-        def capture_hidden_mode(self):
-            return self.__dict__.get("_eagle_gate_hidden", CaptureHiddenMode.LAST)
-
-        @capture_hidden_mode.setter
-        def capture_hidden_mode(self, value):
-            self.__dict__["_eagle_gate_hidden"] = max(
-                CaptureHiddenMode(value), CaptureHiddenMode.LAST
-            )
-
-        def get_spec_info(self, num_tokens):
-            return None
+    class PlainDecodeGraphRunner(plain_decode_pins(), DecodeCudaGraphRunner):
+        pass
 
     _PLAIN_RUNNER_CLS = PlainDecodeGraphRunner
     return _PLAIN_RUNNER_CLS

@@ -30,6 +30,7 @@ from eagle_gate.adapters._base import (
     flat_plain_tokens,
     kv_slots,
     make_worker_wrapper,
+    plain_decode_pins,
     plain_target_forward,
     resolver_wrapper,
     scheduler_init_wrapper,
@@ -451,20 +452,8 @@ def _plain_runner_cls() -> Any:
     if _PLAIN_RUNNER_CLS is not None:
         return _PLAIN_RUNNER_CLS
     from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-    from sglang.srt.model_executor.forward_batch_info import (
-        CaptureHiddenMode,
-        ForwardMode,
-    )
 
-    class PlainDecodeCudaGraphRunner(CudaGraphRunner):
-        @property
-        def capture_forward_mode(self):
-            return ForwardMode.DECODE
-
-        @capture_forward_mode.setter
-        def capture_forward_mode(self, value):
-            pass  # the constructor's TARGET_VERIFY
-
+    class PlainDecodeCudaGraphRunner(plain_decode_pins(), CudaGraphRunner):
         @property
         def num_tokens_per_bs(self):
             return 1
@@ -472,19 +461,6 @@ def _plain_runner_cls() -> Any:
         @num_tokens_per_bs.setter
         def num_tokens_per_bs(self, value):
             pass  # the constructor's num_draft_tokens
-
-        @property
-        def capture_hidden_mode(self):
-            return self.__dict__.get("_eagle_gate_hidden", CaptureHiddenMode.LAST)
-
-        @capture_hidden_mode.setter
-        def capture_hidden_mode(self, value):
-            self.__dict__["_eagle_gate_hidden"] = max(
-                CaptureHiddenMode(value), CaptureHiddenMode.LAST
-            )
-
-        def get_spec_info(self, num_tokens):
-            return None
 
         def recapture_if_needed(self, forward_batch):
             return None
