@@ -15,7 +15,11 @@ What it checks, against real models on your GPU:
 3. **Plain-step cost**: output tok/s of the gated server with policy
    ``never`` (every step a plain step) against the server without
    speculation, at a few concurrencies, as ratios (1.0 = the plain step costs
-   what a step of a server without speculation costs).
+   what a step of a server without speculation costs): with the plain step's
+   own DECODE CUDA graphs (``--gate-plain-graphs auto``, what each TP rank
+   captured and the MiB it took, from the gate's status; the share of plain
+   steps that replayed a graph per level) and, for comparison, eager
+   (``--gate-plain-graphs off``; skip with ``--no-eager-plain``).
 
 Usage (one GPU, Llama-3.1-8B with its EAGLE-3 draft, for example)::
 
@@ -177,6 +181,11 @@ def main() -> int:
     )
     parser.add_argument("--startup-timeout", type=float, default=900)
     parser.add_argument("--no-speculation-smoke", action="store_true")
+    parser.add_argument(
+        "--no-eager-plain",
+        action="store_true",
+        help="skip the eager plain-step server of section 3 (one server less)",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("server_args", nargs="*", help="after --: for every server")
     args = parser.parse_args()
@@ -236,19 +245,94 @@ def main() -> int:
         print(f"{strategy:>10} {identical:>10} {fmt(after):>19} {fmt(other):>11}")
 
     print("\n== 3. plain-step throughput: gated (policy never) / no speculation")
-    print(f"{'C':>5} {'no-spec tok/s':>14} {'plain tok/s':>12} {'ratio':>7}")
+    plain_tps, shares, graph_rows = {}, {}, []
     with server(
-        gated(free_port(), "never", "eager"),
+        gated(free_port(), "never", "eager", ["--gate-plain-graphs", "auto"]),
         env,
         out / "never.log",
         args.startup_timeout,
     ) as b:
+        graph_rows = plain_graph_rows(b)
         for c in levels:
-            tps = throughput(b, c, args.max_new_tokens, prompts)
-            ratio = tps / reference_tps[c]
-            print(f"{c:>5} {reference_tps[c]:>14.1f} {tps:>12.1f} {ratio:>7.3f}")
+            before = plain_paths(b)
+            plain_tps[c] = throughput(b, c, args.max_new_tokens, prompts)
+            after = plain_paths(b)
+            ran = {k: after[k] - before[k] for k in after}
+            total = ran["graph"] + ran["eager"]
+            shares[c] = ran["graph"] / total if total else None
+    eager_tps = {}
+    if not args.no_eager_plain:
+        off = ["--gate-plain-graphs", "off"]
+        cmd = gated(free_port(), "never", "eager", off)
+        with server(cmd, env, out / "never-eager.log", args.startup_timeout) as b:
+            for c in levels:
+                eager_tps[c] = throughput(b, c, args.max_new_tokens, prompts)
+    print("plain-step CUDA graphs (--gate-plain-graphs auto), per scheduler:")
+    print(f"{'rank':>5} {'state':>9} {'reason':>16} {'sizes':>12} {'MiB':>8} "
+          f"{'capture s':>9}")  # fmt: skip
+    for row in graph_rows:
+        print(f"{row[0]:>5} {row[1]:>9} {row[2]:>16} {row[3]:>12} {row[4]:>8} "
+              f"{row[5]:>9}")  # fmt: skip
+    print(
+        f"{'C':>5} {'no-spec tok/s':>14} {'plain tok/s':>12} {'ratio':>7} "
+        f"{'graph share':>12} {'eager tok/s':>12} {'eager ratio':>12}"
+    )
+    for c in levels:
+        ratio = plain_tps[c] / reference_tps[c]
+        share = "n/a" if shares[c] is None else f"{shares[c]:.2f}"
+        eager = f"{eager_tps[c]:.1f}" if c in eager_tps else "-"
+        eratio = f"{eager_tps[c] / reference_tps[c]:.3f}" if c in eager_tps else "-"
+        print(
+            f"{c:>5} {reference_tps[c]:>14.1f} {plain_tps[c]:>12.1f} {ratio:>7.3f} "
+            f"{share:>12} {eager:>12} {eratio:>12}"
+        )
+    states = {row[1] for row in graph_rows}
     print("\nRESULT:", "outputs identical" if not failures else "OUTPUTS DIFFER")
+    print(
+        "RESULT: plain graphs "
+        + ("captured on every scheduler" if states == {"captured"} else
+           "not captured: " + "; ".join(f"rank {r[0]}: {r[1]} ({r[2]})"
+                                        for r in graph_rows))
+    )  # fmt: skip
     return 1 if failures else 0
+
+
+def gate_status(base: str) -> list[dict]:
+    """The gate's per-scheduler status records (``GET /eagle_gate/status``)."""
+    with urllib.request.urlopen(base + "/eagle_gate/status", timeout=30) as r:
+        return json.loads(r.read())["schedulers"]
+
+
+def plain_graph_rows(base: str) -> list[tuple]:
+    """(rank, state, reason, sizes, MiB, capture s) of every scheduler."""
+    rows = []
+    for record in gate_status(base):
+        graphs = record.get("plain_graphs") or {}
+        sizes = graphs.get("capture_bs") or []
+        mib, secs = graphs.get("memory_mib"), graphs.get("capture_s")
+        rows.append(
+            (
+                f"{record.get('dp_rank') or 0}/{record.get('tp_rank', 0)}",
+                graphs.get("state", "?"),
+                graphs.get("reason") or "-",
+                f"{len(sizes)} ({sizes[0]}..{sizes[-1]})" if sizes else "-",
+                "-" if mib is None else f"{mib:.1f}",
+                "-" if secs is None else f"{secs:.1f}",
+            )
+        )
+    return rows
+
+
+def plain_paths(base: str) -> dict[str, int]:
+    """Plain steps by target path (graph, eager), summed over the TP-rank-0
+    schedulers (every TP rank runs the same steps)."""
+    time.sleep(1.5)  # status records are rewritten about once a second
+    total = {"graph": 0, "eager": 0}
+    for record in gate_status(base):
+        if record.get("tp_rank", 0) == 0:
+            for key in total:
+                total[key] += int((record.get("plain_path") or {}).get(key, 0))
+    return total
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def test_validate_script_reports_identity_acceptance_and_cost(
         "--model-path", str(target), "--draft-model-path", str(draft),
         "--algorithm", "EAGLE3", "--num-steps", "3",
         "--prompts", "2", "--max-new-tokens", "12", "--switch-every", "3",
-        "--strategies", "eager", "--concurrency", "1",
+        "--strategies", "eager", "--concurrency", "1", "--no-eager-plain",
         "--startup-timeout", "400", "--out", str(out_dir),
         "--", *cpu_flags(target),
     ]  # fmt: skip
@@ -59,4 +59,11 @@ def test_validate_script_reports_identity_acceptance_and_cost(
     assert float(after) > 0 and float(other) > 0  # SPEC steps on both sides
     table = report.split("== 3.")[1].splitlines()
     (row,) = [line.split() for line in table if line.split()[:1] == ["1"]]
-    assert len(row) == 4 and float(row[-1]) > 0  # C, no-spec, plain, ratio
+    # C, no-spec, plain, ratio, graph share, eager, eager ratio (skipped here)
+    assert len(row) == 7 and float(row[3]) > 0
+    assert row[4] == "0.00"  # on CPU every plain step runs the target eagerly
+    (graphs,) = [line.split() for line in table if line.split()[:1] == ["0/0"]]
+    assert graphs[1:3] == ["off", "device_not_cuda"]
+    assert "RESULT: plain graphs not captured: rank 0/0: off (device_not_cuda)" in (
+        report
+    )
