@@ -373,22 +373,12 @@ class Goodput:
             b = view.batch_size
             if b <= 0:
                 return None
-            if b < 4:
-                bi = b
-            else:
-                bl = b.bit_length()
-                bi = 2 * bl - 2 + ((b >> (bl - 2)) & 1)
-                if bi >= _NB:
-                    bi = _NB - 1
+            bi = batch_bucket(b)
             total = view.seq_len_sum
-            mc = total // b if total is not None else 0
-            c = ((mc >> 10).bit_length() + 1) >> 1
-            if c >= N_CONTEXT_BUCKETS:
-                c = N_CONTEXT_BUCKETS - 1
-            row = c * _NB
+            c = context_bucket(total // b if total is not None else 0)
             np_ = self._np
             tp = self._tp
-            k = row + bi
+            k = c * _NB + bi
             if np_[k] and tp[k] > 0.0:
                 return b / tp[k]
             if bi > 0 and np_[k - 1] and tp[k - 1] > 0.0:
