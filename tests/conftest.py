@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -19,26 +21,20 @@ def spec_models(tmp_path_factory):
     set (scripts/test.sh sets it), so both SGLang environments of a run, and
     later runs, share them."""
     import os
-    import time
-    from pathlib import Path
 
     import sglang_env
+    from support.model_cache import spec_models as build
     from support.timings import note
-    from support.tiny_model import build_tiny_llama
-    from support.trained_draft import build_trained_eagle3_draft, read_draft_info
+    from support.trained_draft import read_draft_info
 
     cache = os.environ.get("EAGLE_GATE_MODEL_CACHE")
     root = Path(cache) if cache else tmp_path_factory.mktemp("spec-models")
-    target = root / "tiny-llama"
-    if not (target / "config.json").exists():
-        build_tiny_llama(target)
-    t0 = time.monotonic()
-    draft = build_trained_eagle3_draft(target, root / "tiny-eagle3-trained")
+    target, draft, seconds = build(root)
     info = read_draft_info(draft) or {}
     note(
         f"SGLang {sglang_env.version()}: trained draft: offline accept length "
         f"{info.get('accept_length')}, without its KV history "
-        f"{info.get('accept_length_no_history')} ({time.monotonic() - t0:.0f} s)"
+        f"{info.get('accept_length_no_history')} ({seconds:.0f} s)"
     )
     return target, draft
 

@@ -1,0 +1,51 @@
+"""Build (or reuse) the models the end-to-end tests serve, in one place.
+
+``spec_models(root)`` returns ``(target, draft)``: the tiny Llama target and
+the EAGLE-3 draft trained on its outputs (``support.trained_draft``), built
+under ``root`` unless already there for this target. The session fixture
+``spec_models`` calls it; ``scripts/test.sh`` runs this module once before it
+tests the SGLang versions side by side, so the two test sessions never train
+the draft at the same time into the same directory::
+
+    PYTHONPATH=tests python -m support.model_cache build/test-models
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+
+def spec_models(root: Path | str) -> tuple[Path, Path, float]:
+    """``(target, draft, seconds)``: seconds is the time the draft took (about
+    0 when it was cached)."""
+    from support.tiny_model import build_tiny_llama
+    from support.trained_draft import build_trained_eagle3_draft
+
+    root = Path(root)
+    target = root / "tiny-llama"
+    if not (target / "config.json").exists():
+        build_tiny_llama(target)
+    t0 = time.monotonic()
+    draft = build_trained_eagle3_draft(target, root / "tiny-eagle3-trained")
+    return target, draft, time.monotonic() - t0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m support.model_cache CACHE_DIR", file=sys.stderr)
+        return 2
+    from support.trained_draft import read_draft_info
+
+    target, draft, seconds = spec_models(argv[0])
+    info = read_draft_info(draft) or {}
+    print(
+        f"models in {argv[0]}: target {target.name}, draft {draft.name} "
+        f"(offline accept length {info.get('accept_length')}, {seconds:.0f} s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
