@@ -58,6 +58,7 @@ run_suite() {
 # gets one OpenMP thread per process, so the two suites' servers do not spin
 # against each other's threads; its output streams with a "[version]" prefix
 # and is kept whole in build/test-<version>.log.
+mkdir -p build
 n_versions=$(echo $versions | wc -w)
 status=0
 if [ "$n_versions" -gt 1 ] && [ "${EAGLE_GATE_PARALLEL:-1}" != 0 ]; then
