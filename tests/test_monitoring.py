@@ -35,7 +35,8 @@ from eagle_gate.statusdir import StatusDir
 
 # A scrape of the gate's exporter with every metric exported at least once:
 # a policy with estimates, a decision log that dropped records, a failed ops
-# stage, the agreement gauge (DP rank 0) and a second DP rank (no agreement).
+# stage, a plain step's draft extend, the agreement gauge (DP rank 0) and a
+# second DP rank (no agreement).
 SCRAPE_PROBE = r"""
 import sys
 from eagle_gate.config import GateConfig
@@ -63,6 +64,7 @@ ops = OpsService(rt, status_dir, {}, gated=True, settings=OpsSettings(),
 for i in range(5):
     rt.decide(4, 100)
     rt.observe(Mode.SPEC, i, [3, 1, 2, 1])
+rt.count_draft_extend("eager")
 ops.record_failure("status", OSError("disk full"))
 ops.write_status()
 ops.run_once()
@@ -97,6 +99,11 @@ def test_the_scrape_has_the_new_metrics(scrape):
         'eagle_gate_ops_errors_total{dp_rank="0",stage="metrics"} 0.0',
         'eagle_gate_status_agreement{dp_rank="0"} 1.0',
         'eagle_gate_decision_log_dropped_total{dp_rank="1",kind="decisions"} 4.0',
+        # the plain step's draft side and graph state (docs/plain-graphs.md §5.7)
+        'eagle_gate_plain_draft_extend_total{dp_rank="0",path="eager"} 1.0',
+        'eagle_gate_plain_draft_extend_total{dp_rank="0",path="graph"} 0.0',
+        'eagle_gate_plain_graphs_captured{dp_rank="0"} 0.0',
+        'eagle_gate_plain_graphs_captured{dp_rank="1"} 0.0',
     ):
         assert expected in lines, (expected, scrape)
     # one series per server: DP rank 1 leaves the agreement to DP rank 0
@@ -293,6 +300,10 @@ def test_dashboard_shows_what_the_issue_asks_for():
         "Degraded": "eagle_gate_degraded",
         "Policy estimates": "eagle_gate_policy_estimate",
         "Status agreement": "eagle_gate_status_agreement",
+        "Plain steps and their draft extends by path (/s)": (
+            "eagle_gate_plain_draft_extend_total"
+        ),
+        "Plain graphs captured": "eagle_gate_plain_graphs_captured",
     }
     for title, metric in wanted.items():
         assert metric in exprs[title], title

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import sglang_env
+import torch
 from support.two_ranks import run_ranks
 
 from eagle_gate import launch
@@ -23,6 +24,7 @@ from eagle_gate.adapters._base import (
     PlainGraphs,
     activate,
     build_plain_graphs,
+    draft_extend_path,
     plain_graph_blockers,
     plain_graphs_for_scheduler,
     plain_target_forward,
@@ -387,11 +389,17 @@ def test_status_has_the_plain_graph_fields_from_the_start():
     assert status["plain_graphs"]["setting"] == "auto"
     assert status["plain_path"] == {"graph": 0, "eager": 0}
     assert status["plain_eager_reasons"] == dict.fromkeys(PLAIN_EAGER_REASONS, 0)
+    assert status["draft_extend_path"] == {"graph": 0, "eager": 0}
     rt.count_plain_path("graph")
     rt.count_plain_path("eager", "bs_above_max")
+    rt.count_draft_extend("eager")
+    rt.count_draft_extend("eager")
+    rt.count_draft_extend("graph")
     status = rt.status()
     assert status["plain_path"] == {"graph": 1, "eager": 1}
     assert status["plain_eager_reasons"]["bs_above_max"] == 1
+    assert status["draft_extend_path"] == {"graph": 1, "eager": 2}
+    json.dumps(status, allow_nan=False)  # what the status file takes
 
 
 def test_activation_links_the_graphs_to_the_runtime(tmp_path, monkeypatch):
@@ -415,6 +423,8 @@ def test_activation_links_the_graphs_to_the_runtime(tmp_path, monkeypatch):
         graphs.count("eager", "graphs_off")
         assert rt.status()["plain_path"]["eager"] == 1
         assert rt.status()["plain_eager_reasons"]["graphs_off"] == 1
+        graphs.count_draft_extend("eager")
+        assert rt.status()["draft_extend_path"] == {"graph": 0, "eager": 1}
     finally:
         from eagle_gate.adapters._base import ACTIVE
 
@@ -429,21 +439,266 @@ def test_metrics_export_path_counts_and_memory():
     assert METRICS["eagle_gate_plain_steps_total"][:2] == ("counter", ("path",))
     assert METRICS["eagle_gate_plain_eager_total"][:2] == ("counter", ("reason",))
     assert METRICS["eagle_gate_plain_graph_memory_mib"][:2] == ("gauge", ())
+    assert METRICS["eagle_gate_plain_draft_extend_total"][:2] == (
+        "counter",
+        ("path",),
+    )
+    assert METRICS["eagle_gate_plain_graphs_captured"][:2] == ("gauge", ())
     rt = GateRuntime(GateConfig("never"), Never(), sglang_version="t", adapter="t")
     m = GateMetrics(rt, dp_rank=None, gated=True)
     # created up front, at 0
     assert m.plain_paths["graph"]._value.get() == 0
     assert set(m.plain_eager) == set(PLAIN_EAGER_REASONS)
+    assert set(m.plain_draft_extend) == {"graph", "eager"}
+    assert m.plain_draft_extend["eager"]._value.get() == 0
+    assert m.plain_graphs_captured._value.get() == 0
     for _ in range(3):
         rt.count_plain_path("graph")
     rt.count_plain_path("eager", "declined")
+    for _ in range(2):
+        rt.count_draft_extend("graph")
+    rt.count_draft_extend("eager")
     rt.plain_graphs["memory_mib"] = 412.5
+    rt.plain_graphs["state"] = "captured"
     m.export(rt)
     m.export(rt)  # deltas: nothing counted twice
     assert m.plain_paths["graph"]._value.get() == 3
     assert m.plain_paths["eager"]._value.get() == 1
     assert m.plain_eager["declined"]._value.get() == 1
     assert m.plain_graph_mib._value.get() == 412.5
+    assert m.plain_draft_extend["graph"]._value.get() == 2
+    assert m.plain_draft_extend["eager"]._value.get() == 1
+    assert m.plain_graphs_captured._value.get() == 1
+    rt.count_draft_extend("eager")
+    rt.plain_graphs["state"] = "failed"
+    m.export(rt)
+    assert m.plain_draft_extend["eager"]._value.get() == 2
+    assert m.plain_draft_extend["graph"]._value.get() == 2
+    assert m.plain_graphs_captured._value.get() == 0
+
+
+# -- the draft side: which path SGLang's draft extend takes (§5.7) -------------------
+def dext_runner(capture_bs=(1, 2, 4, 8), *, disable_padding=False, mlp_sync=False):
+    """The fields both versions' EAGLEDraftExtendCudaGraphRunner have and
+    their can-run checks read on a server without DP attention."""
+    return SimpleNamespace(
+        capture_bs=list(capture_bs),
+        max_bs=max(capture_bs),
+        disable_padding=disable_padding,
+        require_mlp_tp_gather=False,
+        require_mlp_sync=mlp_sync,
+    )
+
+
+class Unreadable:
+    """A runner whose fields raise when read (a changed SGLang, say)."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)  # what pytest and repr look for
+        raise RuntimeError(f"no {name}")
+
+
+@pytest.mark.parametrize(
+    "runner, bs, sync_ok, expected",
+    [
+        (None, 1, True, "eager"),  # no draft-extend graph (CPU, Triton-less 0.5.9)
+        (dext_runner(), 1, True, "graph"),
+        (dext_runner(), 3, True, "graph"),  # padded to 4
+        (dext_runner(), 8, True, "graph"),  # bs == max_bs
+        (dext_runner(), 9, True, "eager"),
+        (dext_runner(disable_padding=True), 4, True, "graph"),
+        (dext_runner(disable_padding=True), 3, True, "eager"),  # not captured
+        (dext_runner(disable_padding=True), 9, True, "eager"),
+        (dext_runner(mlp_sync=True), 2, True, "graph"),
+        (dext_runner(mlp_sync=True), 2, False, "eager"),
+        (dext_runner(mlp_sync=True), 9, True, "eager"),
+        # anything unreadable counts as eager, without raising
+        (object(), 1, True, "eager"),
+        (SimpleNamespace(disable_padding=False), 1, True, "eager"),
+        (SimpleNamespace(disable_padding=False, max_bs=None), 1, True, "eager"),
+        (Unreadable(), 1, True, "eager"),
+    ],
+)
+def test_draft_extend_path_prediction(runner, bs, sync_ok, expected):
+    assert draft_extend_path(runner, bs, mlp_sync_ok=sync_ok) == expected
+
+
+#: per version: (the batch's flag SGLang reads with MLP sync, the runner's
+#: width field or None where the version does not check one).
+DEXT_LAYOUT = {
+    sglang_0_5_9: ("can_run_dp_cuda_graph", None),
+    sglang_0_5_23: ("can_run_decode_cuda_graph", "captured_req_width"),
+}
+
+
+def dext_worker(runner, width=4):
+    return SimpleNamespace(
+        draft_worker=SimpleNamespace(
+            cuda_graph_runner_for_draft_extend=runner,
+            speculative_num_draft_tokens=width,
+        )
+    )
+
+
+def dext_batch(bs, **flags):
+    return SimpleNamespace(seq_lens=torch.zeros(bs, dtype=torch.int64), **flags)
+
+
+@pytest.mark.parametrize("adapter", [sglang_0_5_9, sglang_0_5_23])
+def test_each_version_reads_its_own_layout(adapter):
+    flag, width_field = DEXT_LAYOUT[adapter]
+    other_flag = next(f for f, _ in DEXT_LAYOUT.values() if f != flag)
+
+    def runner(**kw):
+        r = dext_runner(**kw)
+        if width_field is not None:
+            setattr(r, width_field, 4)
+        return r
+
+    path = adapter.draft_extend_path_of
+    assert path(dext_worker(None), dext_batch(2)) == "eager"
+    assert path(dext_worker(runner()), dext_batch(2)) == "graph"
+    assert path(dext_worker(runner()), dext_batch(8)) == "graph"
+    assert path(dext_worker(runner()), dext_batch(9)) == "eager"
+    padded = runner(disable_padding=True)
+    assert path(dext_worker(padded), dext_batch(4)) == "graph"
+    assert path(dext_worker(padded), dext_batch(5)) == "eager"
+    # with MLP sync, the version's own flag on the batch decides
+    synced = runner(mlp_sync=True)
+    assert path(dext_worker(synced), dext_batch(2, **{flag: True})) == "graph"
+    assert path(dext_worker(synced), dext_batch(2, **{flag: False})) == "eager"
+    assert path(dext_worker(synced), dext_batch(2, **{other_flag: True})) == "eager"
+    if width_field is not None:
+        # 0.5.23 refuses a width other than the capture's
+        assert path(dext_worker(runner(), width=3), dext_batch(2)) == "eager"
+    else:
+        # 0.5.9 checks no width (its runner has no such field)
+        assert path(dext_worker(runner(), width=3), dext_batch(2)) == "graph"
+    # nothing it cannot read raises
+    assert path(SimpleNamespace(), dext_batch(2)) == "eager"
+    assert path(dext_worker(runner()), SimpleNamespace()) == "eager"
+    assert path(dext_worker(Unreadable()), dext_batch(2)) == "eager"
+
+
+def test_the_prediction_agrees_with_sglangs_own_check():
+    """The installed SGLang's real ``can_run`` (0.5.9) / ``can_run_graph``
+    (0.5.23) of EAGLEDraftExtendCudaGraphRunner, on a runner object built
+    without its constructor (which would capture) and with the fields the
+    constructor sets, against the adapter's prediction: every batch size
+    around the captured ones, with and without padding and MLP sync."""
+    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import (
+        EAGLEDraftExtendCudaGraphRunner as Runner,
+    )
+
+    adapter = sglang_env.adapter()
+    flag, width_field = DEXT_LAYOUT[adapter]
+    capture_bs = [1, 2, 4, 8, 12]
+    compared = 0
+    for disable_padding in (False, True):
+        for mlp_sync in (False, True):
+            runner = Runner.__new__(Runner)
+            for name, value in vars(
+                dext_runner(
+                    capture_bs, disable_padding=disable_padding, mlp_sync=mlp_sync
+                )
+            ).items():
+                setattr(runner, name, value)
+            if adapter is sglang_0_5_9:
+                runner.graphs = {bs: object() for bs in capture_bs}
+                can_run = runner.can_run
+            else:
+                from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import (  # noqa: E501
+                    FullCudaGraphBackend,
+                )
+
+                backend = FullCudaGraphBackend.__new__(FullCudaGraphBackend)
+                backend._graphs = {
+                    runner._make_graph_key(b): object() for b in capture_bs
+                }
+                runner.backend = backend
+                runner.captured_req_width = 4
+                can_run = runner.can_run_graph
+            worker = dext_worker(runner, width=4)
+            for bs in range(1, 15):
+                for sync_ok in (False, True):
+                    batch = dext_batch(bs, **{flag: sync_ok})
+                    # what SGLang's forward batch carries: the same count and
+                    # flag; 0.5.23 also the extend's width (num_draft_tokens)
+                    forward_batch = dext_batch(
+                        bs,
+                        **{flag: sync_ok},
+                        spec_info=SimpleNamespace(num_tokens_per_req=4),
+                    )
+                    sglang_says = "graph" if can_run(forward_batch) else "eager"
+                    assert adapter.draft_extend_path_of(worker, batch) == sglang_says, (
+                        disable_padding,
+                        mlp_sync,
+                        bs,
+                        sync_ok,
+                    )
+                    compared += 1
+    assert compared == 2 * 2 * 14 * 2
+
+
+def fake_draft_worker(runner, extend):
+    """What the adapters' ``_draft_extend`` touches on EAGLEWorkerV2's draft
+    worker (both versions' layouts)."""
+    import contextlib
+
+    return SimpleNamespace(
+        cuda_graph_runner_for_draft_extend=runner,
+        speculative_num_draft_tokens=4,
+        draft_runner=SimpleNamespace(tp_group=None),
+        parallel_layout=None,
+        draft_tp_context=lambda group: contextlib.nullcontext(),
+        _draft_extend_for_decode=extend,
+    )
+
+
+def test_the_adapters_draft_extend_counts_the_path_it_takes(monkeypatch):
+    """The installed version's ``_draft_extend`` (eager sync) and the lazy
+    catch-up's draft extend (through ``make_plain_step``) count the predicted
+    path once the extend returned; a failing extend is not counted; without
+    plain graphs nothing is counted."""
+    import contextlib
+
+    from sglang.srt.speculative import eagle_worker_v2 as ew
+
+    adapter = sglang_env.adapter()
+    for name in (
+        "speculative_moe_backend_context",
+        "speculative_moe_a2a_backend_context",
+        "draft_tp_context",
+    ):
+        monkeypatch.setattr(
+            ew, name, lambda *a, **k: contextlib.nullcontext(), raising=False
+        )
+    ran = []
+    runner = dext_runner()
+    runner.captured_req_width = 4
+    worker = SimpleNamespace(
+        draft_worker=fake_draft_worker(runner, lambda b, r: ran.append(r))
+    )
+    graphs = PlainGraphs()
+    counted = []
+    graphs.on_draft_extend = counted.append
+    adapter._draft_extend(worker, dext_batch(4), "r1", graphs)
+    adapter._draft_extend(worker, dext_batch(9), "r2", graphs)
+    adapter._draft_extend(worker, dext_batch(2), "r3")  # no graphs: not counted
+    assert ran == ["r1", "r2", "r3"]
+    assert counted == ["graph", "eager"]
+    lazy = adapter.make_plain_step("lazy", graphs=graphs)
+    lazy._draft_extend(worker, dext_batch(2), "r4")
+    assert counted == ["graph", "eager", "graph"]
+
+    def boom(batch, result):
+        raise RuntimeError("draft extend failed")
+
+    worker.draft_worker._draft_extend_for_decode = boom
+    with pytest.raises(RuntimeError):
+        adapter._draft_extend(worker, dext_batch(2), "r5", graphs)
+    assert counted == ["graph", "eager", "graph"]
 
 
 # -- the graph path and the eager path, per version --------------------------------

@@ -420,3 +420,40 @@ def test_the_patched_worker_called_as_the_scheduler_calls_it(
     n = 1 + 3 + 2
     for req, prompt in zip(batch.reqs, PROMPTS, strict=True):
         assert req.output_ids == hf_greedy(tiny_model, prompt, n)
+
+
+def test_the_plain_steps_draft_extends_are_counted_by_path(
+    harness, adapter, monkeypatch
+):
+    """docs/plain-graphs.md §5.7: each draft extend the plain step runs through
+    SGLang's ``_draft_extend_for_decode`` is counted by the path SGLang takes:
+    one per plain step under eager sync, none under ``none`` or per lazy plain
+    step, one per lazy catch-up. With no draft-extend graph (what SGLang
+    leaves on CPU) each is eager; with a runner the batch fits, the
+    prediction says graph (the stand-in draft runs the same either way)."""
+    from types import SimpleNamespace
+
+    from eagle_gate.adapters._base import PlainGraphs
+
+    monkeypatch.setattr(
+        harness.draft, "cuda_graph_runner_for_draft_extend", None, raising=False
+    )
+    graphs = PlainGraphs()
+    counted: list[str] = []
+    graphs.on_draft_extend = counted.append
+    batch = harness.prefill(PROMPTS[:2])
+    for sync in ("eager", "none", "eager"):
+        harness.prepare_for_decode(batch)
+        mwb = batch.get_model_worker_batch()
+        result = adapter.plain_step(harness.worker, mwb, sync, None, graphs)
+        harness.commit(batch, result)
+    assert counted == ["eager", "eager"]
+    harness.draft.cuda_graph_runner_for_draft_extend = SimpleNamespace(
+        capture_bs=[1, 2], max_bs=2, disable_padding=False, require_mlp_sync=False
+    )
+    lazy = adapter.make_plain_step("lazy", graphs=graphs)
+    _plain_steps(harness, lazy, batch, 2)
+    assert counted == ["eager", "eager"]  # nothing for the draft yet
+    harness.prepare_for_decode(batch)
+    assert lazy.before_spec(harness.worker, batch.get_model_worker_batch()) is True
+    assert counted == ["eager", "eager", "graph"]  # one catch-up, bs 2 fits

@@ -438,3 +438,48 @@ def test_plain_step_records_the_batch_tensors_on_the_forward_stream(
     slots = table[batch.req_pool_indices, seq_lens].tolist()
     assert seen[0] == ("batch", True, True, None)
     assert seen[-1] == ("each", [input_ids.tolist(), slots])
+
+
+def test_the_plain_steps_draft_extends_are_counted_by_path(
+    harness, adapter, monkeypatch
+):
+    """docs/plain-graphs.md §5.7: each draft extend the plain step runs through
+    SGLang's ``_draft_extend_for_decode`` is counted by the path SGLang takes:
+    one per plain step under eager sync, none under ``none`` or per lazy plain
+    step, one per lazy catch-up. With no draft-extend graph (what SGLang
+    leaves on CPU) each is eager; with a runner the batch fits (and of the
+    extend's width), the prediction says graph (the stand-in draft runs the
+    same either way)."""
+    from types import SimpleNamespace
+
+    from support.plain_harness_0_5_23 import STRIDE
+
+    from eagle_gate.adapters._base import PlainGraphs
+
+    monkeypatch.setattr(
+        harness.draft, "cuda_graph_runner_for_draft_extend", None, raising=False
+    )
+    graphs = PlainGraphs()
+    counted: list[str] = []
+    graphs.on_draft_extend = counted.append
+    batch = harness.prefill(PROMPTS[:2])
+    for sync in ("eager", "none", "eager"):
+        harness.prepare_for_decode(batch)
+        with harness.forward_isolation(batch):
+            result = adapter.plain_step(harness.worker, batch, None, sync, None, graphs)
+        harness.commit(batch, result)
+    assert counted == ["eager", "eager"]
+    harness.draft.cuda_graph_runner_for_draft_extend = SimpleNamespace(
+        capture_bs=[1, 2],
+        max_bs=2,
+        disable_padding=False,
+        require_mlp_sync=False,
+        captured_req_width=STRIDE,
+    )
+    lazy = adapter.make_plain_step("lazy", graphs=graphs)
+    _lazy_plain_steps(harness, lazy, batch, 2)
+    assert counted == ["eager", "eager"]  # nothing for the draft yet
+    harness.prepare_for_decode(batch)
+    with harness.forward_isolation(batch):
+        assert lazy.before_spec(harness.worker, batch) is True
+    assert counted == ["eager", "eager", "graph"]  # one catch-up, bs 2 fits

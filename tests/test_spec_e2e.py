@@ -273,6 +273,15 @@ def test_plain_every_step_alone_is_token_identical(reference, gated):
     assert after["plain_path"]["graph"] == 0
     assert after["plain_path"]["eager"] - before["plain_path"]["eager"] == plain
     assert after["plain_eager_reasons"]["graphs_off"] == after["plain_path"]["eager"]
+    # the draft side: no draft-extend graph on CPU, so every draft extend the
+    # plain step runs is eager; eager sync runs one per plain step, none none
+    # (lazy catches up before SPEC steps only, which `never` may not run)
+    assert after["draft_extend_path"]["graph"] == 0
+    extends = after["draft_extend_path"]["eager"] - before["draft_extend_path"]["eager"]
+    if gated.config.draft_sync == "eager":
+        assert extends == plain
+    elif gated.config.draft_sync == "none":
+        assert extends == 0
 
 
 def test_plain_graph_runner_constructs_on_cpu(gated):
@@ -429,10 +438,24 @@ def test_draft_state_after_plain_stretches(reference, gated):
         pytest.skip(f"{config.id}: identity only (draft state runs overlap-on)")
     records = decision_records(gated.decision_dir)
     first_step = 1 + max((r["step"] for r in records if "step" in r), default=-1)
+    start = scheduler_status(gated.base_url, settle_s=0)
     set_policy(gated.base_url, "schedule", pattern=draft_pattern(), repeat=False)
     results = generate_many(gated.base_url, [(p, DRAFT_NEW) for p in DRAFT_PROMPTS])
     for i, result in enumerate(results):
         assert ids(result) == ids(reference[f"draft-{i}"]), i
+    # the plain step's draft extends, all eager on CPU (no draft-extend graph):
+    # one per plain step under eager sync; under lazy, one per catch-up before
+    # the SPEC step that follows a PLAIN stretch (at most one per plain step)
+    end = scheduler_status(gated.base_url)
+    assert end["draft_extend_path"]["graph"] == 0
+    extends = end["draft_extend_path"]["eager"] - start["draft_extend_path"]["eager"]
+    plain = end["steps"]["plain"] - start["steps"]["plain"]
+    if config.draft_sync == "eager":
+        assert extends == plain > 0
+    elif config.draft_sync == "lazy":
+        assert 0 < extends <= plain
+    else:
+        assert extends == 0
     time.sleep(1.0)  # the ops thread flushes the log (every 0.2 s here)
     measured = accept_after_stretches(decision_records(gated.decision_dir), first_step)
     steady, after = measured["steady"], measured["after"]
@@ -524,8 +547,14 @@ def test_status_and_metrics_show_both_modes(gated):
         'eagle_gate_spec_accept_length{dp_rank="0"}',
         "eagle_gate_policy_errors_total",
         "eagle_gate_dwell_steps_bucket",
+        # the plain step's draft extends: never through a graph on CPU
+        'eagle_gate_plain_draft_extend_total{dp_rank="0",path="eager"}',
+        'eagle_gate_plain_draft_extend_total{dp_rank="0",path="graph"} 0.0',
+        'eagle_gate_plain_graphs_captured{dp_rank="0"} 0.0',
     ):
         assert name in text, name
+    assert record["draft_extend_path"]["graph"] == 0
+    assert record["draft_extend_path"]["eager"] > 0  # eager sync: plain steps ran
     # SGLang's own acceptance mixes in the plain steps; the gate's does not
     line = next(
         x for x in text.splitlines() if x.startswith("eagle_gate_spec_accept_length{")

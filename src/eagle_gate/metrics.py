@@ -28,6 +28,7 @@ from typing import Any
 
 from eagle_gate.ops import STAGES as OPS_STAGES
 from eagle_gate.runtime import (
+    DRAFT_EXTEND_PATHS,
     MODE_NAMES,
     PLAIN_EAGER_REASONS,
     PLAIN_PATHS,
@@ -126,6 +127,19 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         (),
         "MiB the plain step's DECODE CUDA graphs and their attention backend "
         "took at start on this TP rank (0 when they are off)",
+    ),
+    "eagle_gate_plain_graphs_captured": (
+        "gauge",
+        (),
+        "1 when the plain step's DECODE CUDA graphs were captured in this "
+        "process (plain_graphs.state captured in the status), else 0",
+    ),
+    "eagle_gate_plain_draft_extend_total": (
+        "counter",
+        ("path",),
+        "Draft extends of the plain step (eager draft sync, lazy catch-up) by "
+        "the path SGLang takes for them: graph (SGLang's own draft-extend CUDA "
+        "graph) or eager; predicted with SGLang's batch-size check",
     ),
     "eagle_gate_degraded": (
         "gauge",
@@ -271,6 +285,11 @@ class GateMetrics:
             for r in PLAIN_EAGER_REASONS
         }
         self.plain_graph_mib = m["eagle_gate_plain_graph_memory_mib"].labels(dp)
+        self.plain_graphs_captured = m["eagle_gate_plain_graphs_captured"].labels(dp)
+        self.plain_draft_extend = {
+            path: m["eagle_gate_plain_draft_extend_total"].labels(path, dp)
+            for path in DRAFT_EXTEND_PATHS
+        }
         self.degraded = m["eagle_gate_degraded"].labels(dp)
         self.config_version = m["eagle_gate_config_version"].labels(dp)
         self.ratio = m["eagle_gate_spec_step_ratio"].labels(dp)
@@ -348,6 +367,11 @@ class GateMetrics:
                 self.plain_eager[reason] = child
             self._add(f"peager:{reason}", child, count)
         self.plain_graph_mib.set(rt.plain_graphs.get("memory_mib") or 0.0)
+        self.plain_graphs_captured.set(
+            1 if rt.plain_graphs.get("state") == "captured" else 0
+        )
+        for path, child in self.plain_draft_extend.items():
+            self._add(f"dext:{path}", child, rt.draft_extend_path.get(path, 0))
         self.degraded.set(1 if rt.degraded is not None else 0)
         self.config_version.set(rt.config_version)
         ledger = rt.shadow_ledger

@@ -60,6 +60,9 @@ MODE_NAMES = ("spec", "plain")
 #: the plain step's target paths, and why one ran eagerly (docs/plain-graphs.md).
 PLAIN_PATHS = ("graph", "eager")
 PLAIN_EAGER_REASONS = ("graphs_off", "bs_above_max", "bs_not_captured", "declined")
+#: the paths of the plain step's draft extends (eager sync, lazy catch-up):
+#: SGLang's own draft-extend CUDA graph, or its eager draft forward.
+DRAFT_EXTEND_PATHS = ("graph", "eager")
 
 
 class Overrides:
@@ -228,6 +231,8 @@ class GateRuntime:
         #: plain steps by the target's path, and why the eager ones were eager.
         self.plain_path = dict.fromkeys(PLAIN_PATHS, 0)
         self.plain_eager_reasons = dict.fromkeys(PLAIN_EAGER_REASONS, 0)
+        #: the plain step's draft extends by the path SGLang takes for them.
+        self.draft_extend_path = dict.fromkeys(DRAFT_EXTEND_PATHS, 0)
 
     # -- before a decode batch --------------------------------------------
     def decide(
@@ -562,6 +567,12 @@ class GateRuntime:
                 self.plain_eager_reasons.get(reason, 0) + 1
             )
 
+    def count_draft_extend(self, path: str) -> None:
+        """One draft extend of the plain step (eager draft sync, or a lazy
+        catch-up) ran on ``path``: "graph" when SGLang replays its own
+        draft-extend CUDA graph, "eager" when it runs the draft eagerly."""
+        self.draft_extend_path[path] = self.draft_extend_path.get(path, 0) + 1
+
     def _policy_error(self, reason: str, what: str) -> None:
         self.policy_errors += 1
         self.policy_errors_by_reason[reason] = (
@@ -666,6 +677,7 @@ class GateRuntime:
             "plain_graphs": dict(self.plain_graphs),
             "plain_path": dict(self.plain_path),
             "plain_eager_reasons": dict(self.plain_eager_reasons),
+            "draft_extend_path": dict(self.draft_extend_path),
             "degraded": self.degraded is not None,
             "degraded_reason": self.degraded,
             "degraded_at_step": self.degraded_at_step,

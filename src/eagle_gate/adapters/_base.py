@@ -356,6 +356,7 @@ def activate(
     if plain_graphs is not None:
         runtime.plain_graphs = plain_graphs.status()
         plain_graphs.on_path = runtime.count_plain_path
+        plain_graphs.on_draft_extend = runtime.count_draft_extend
     if plain_graphs is not None and plain_graphs.captured:
         target = (
             f"target decode CUDA graphs up to bs {plain_graphs.max_bs}, eager above"
@@ -912,6 +913,10 @@ class PlainGraphs:
     #: called with ``(path, reason)`` for every plain step; the runtime's
     #: ``count_plain_path`` once the gate is active.
     on_path: Callable[[str, str | None], None] | None = None
+    #: called with the path ("graph" or "eager") of every draft extend the
+    #: plain step runs (eager sync, lazy catch-up); the runtime's
+    #: ``count_draft_extend`` once the gate is active.
+    on_draft_extend: Callable[[str], None] | None = None
     #: checks a test build recorded (CI's ``EAGLE_GATE_CI_PLAIN_GRAPHS``);
     #: None otherwise.
     report: dict[str, Any] | None = None
@@ -923,6 +928,10 @@ class PlainGraphs:
     def count(self, path: str, reason: str | None = None) -> None:
         if self.on_path is not None:
             self.on_path(path, reason)
+
+    def count_draft_extend(self, path: str) -> None:
+        if self.on_draft_extend is not None:
+            self.on_draft_extend(path)
 
     def status(self) -> dict[str, Any]:
         """The ``plain_graphs`` block of the gate's status (JSON-able)."""
@@ -953,6 +962,39 @@ def select_plain_path(graphs: PlainGraphs | None, bs: int) -> tuple[str, str | N
     if graphs.disable_padding and bs not in graphs.capture_bs:
         return "eager", "bs_not_captured"
     return "graph", None
+
+
+def draft_extend_path(runner: Any, bs: int, *, mlp_sync_ok: bool = True) -> str:
+    """``"graph"`` when SGLang's ``_draft_extend_for_decode`` will replay its
+    own draft-extend CUDA graph for a batch of ``bs`` requests, else
+    ``"eager"`` (docs/plain-graphs.md §2.5, §3.6, §5.7).
+
+    ``runner``: the draft worker's ``cuda_graph_runner_for_draft_extend``
+    (None where SGLang captured none: CPU, graphs disabled, a draft backend
+    without draft-extend graphs). The test is the one SGLang's ``can_run``
+    (0.5.9) and ``can_run_graph`` (0.5.23) apply on a server without DP
+    attention (the gate refuses DP attention): ``bs <= max_bs``, or, with
+    ``--disable-cuda-graph-padding``, ``bs`` among the captured sizes; where
+    the runner needs MLP sync, also the batch's own graph flag
+    (``mlp_sync_ok``, which the version's adapter reads). What only one
+    version checks (0.5.23's capture width) is the adapter's to add.
+
+    A prediction for status and metrics, so it reads CPU-side integers only
+    (no device synchronisation) and never raises: anything it cannot read
+    counts as "eager".
+    """
+    if runner is None:
+        return "eager"
+    try:
+        if runner.disable_padding:
+            fits = bs in runner.capture_bs
+        else:
+            fits = bs <= runner.max_bs
+        if fits and runner.require_mlp_sync:
+            fits = mlp_sync_ok
+        return "graph" if fits else "eager"
+    except Exception:
+        return "eager"
 
 
 _MISSING = object()

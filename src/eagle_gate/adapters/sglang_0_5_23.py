@@ -34,6 +34,7 @@ from eagle_gate.adapters._base import (
     activate_scheduler,
     check_speculation,
     common_plain_blocker,
+    draft_extend_path,
     flat_plain_tokens,
     kv_slots,
     make_worker_wrapper,
@@ -407,7 +408,7 @@ def plain_step(
         batch.out_cache_loc = kv_slots(
             req_to_token, batch.req_pool_indices, seq_lens, stride
         )
-        _draft_extend(worker, batch, result)
+        _draft_extend(worker, batch, result, graphs)
     else:
         worker._stub_skipped_draft_extend(batch, result)
         if draft_sync == "lazy":
@@ -416,17 +417,47 @@ def plain_step(
     return result
 
 
-def _draft_extend(worker: Any, batch: Any, result: Any) -> None:
+def draft_extend_path_of(worker: Any, batch: Any) -> str:
+    """The path ("graph" or "eager") 0.5.23's ``_draft_extend_for_decode``
+    takes for ``batch``: its ``EagleDraftWorker.cuda_graph_runner_for_draft_extend``
+    and ``can_run_graph`` (``eagle_draft_extend_cuda_graph_runner.py:319-348``),
+    which first refuses a batch whose per-request width
+    (``speculative_num_draft_tokens``, what ``_draft_extend_for_decode`` sets
+    for the plain step's flat layout too) differs from the runner's
+    ``captured_req_width``, then counts ``forward_batch.seq_lens.numel()``
+    requests and, where MLP sync is needed, the batch's
+    ``can_run_decode_cuda_graph``. CPU fields only; never raises."""
+    try:
+        draft = worker.draft_worker
+        runner = draft.cuda_graph_runner_for_draft_extend
+        if runner is not None and int(runner.captured_req_width) != int(
+            draft.speculative_num_draft_tokens
+        ):
+            return "eager"
+        bs = int(batch.seq_lens.shape[0])
+        sync_ok = bool(getattr(batch, "can_run_decode_cuda_graph", False))
+    except Exception:
+        return "eager"
+    return draft_extend_path(runner, bs, mlp_sync_ok=sync_ok)
+
+
+def _draft_extend(worker: Any, batch: Any, result: Any, graphs: Any = None) -> None:
     """SGLang's own draft extend over ``result``'s flat layout, in the draft's
-    TP and MoE contexts, as ``EAGLEWorkerV2.forward_batch_generation`` runs it."""
+    TP and MoE contexts, as ``EAGLEWorkerV2.forward_batch_generation`` runs it.
+
+    ``graphs`` (``PlainGraphs``): counts the path SGLang takes (predicted
+    before, counted once the extend returned; a failed one is not counted)."""
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
+    path = draft_extend_path_of(worker, batch) if graphs is not None else None
     with (
         ew.draft_tp_context(worker.draft_worker.parallel_layout),
         ew.speculative_moe_backend_context(),
         ew.speculative_moe_a2a_backend_context(),
     ):
         worker.draft_worker._draft_extend_for_decode(batch, result)
+    if path is not None:
+        graphs.count_draft_extend(path)
 
 
 def make_plain_step(draft_sync: str, graphs: Any = None) -> PlainStep:
@@ -452,11 +483,15 @@ def make_plain_step(draft_sync: str, graphs: Any = None) -> PlainStep:
             raise RuntimeError("the plain step does not run pipeline-parallel")
         return plain_step(worker, batch, on_publish, draft_sync, lazy, graphs)
 
+    def draft_extend(worker: Any, batch: Any, result: Any) -> None:
+        # the lazy catch-up's draft extend, counted like the eager sync's
+        _draft_extend(worker, batch, result, graphs)
+
     return PlainStep(
         run=run,
         blocker=plain_step_blocker,
         lazy=lazy,
-        draft_extend=_draft_extend,
+        draft_extend=draft_extend,
         new_draft_input=_new_draft_input,
     )
 

@@ -27,6 +27,7 @@ from eagle_gate.adapters._base import (
     activate_scheduler,
     check_speculation,
     common_plain_blocker,
+    draft_extend_path,
     flat_plain_tokens,
     kv_slots,
     make_worker_wrapper,
@@ -365,7 +366,7 @@ def plain_step(
         batch.out_cache_loc = kv_slots(
             req_to_token, batch.req_pool_indices, seq_lens, stride
         )
-        _draft_extend(worker, batch, result)
+        _draft_extend(worker, batch, result, graphs)
     else:
         _zero_draft_state(worker, next_draft_input, bs)
         if draft_sync == "lazy":
@@ -382,11 +383,31 @@ def keep_on_stream(tensor: Any, stream: Any) -> None:
         tensor.record_stream(stream)
 
 
-def _draft_extend(worker: Any, batch: Any, result: Any) -> None:
+def draft_extend_path_of(worker: Any, batch: Any) -> str:
+    """The path ("graph" or "eager") 0.5.9's ``_draft_extend_for_decode``
+    takes for ``batch``: its ``EagleDraftWorker.cuda_graph_runner_for_draft_extend``
+    and ``can_run`` (``eagle_draft_extend_cuda_graph_runner.py:190-210``),
+    which counts ``forward_batch.seq_lens.numel()`` requests and, where MLP
+    sync is needed, the batch's ``can_run_dp_cuda_graph``. CPU fields only;
+    never raises."""
+    try:
+        runner = worker.draft_worker.cuda_graph_runner_for_draft_extend
+        bs = int(batch.seq_lens.shape[0])
+        sync_ok = bool(getattr(batch, "can_run_dp_cuda_graph", False))
+    except Exception:
+        return "eager"
+    return draft_extend_path(runner, bs, mlp_sync_ok=sync_ok)
+
+
+def _draft_extend(worker: Any, batch: Any, result: Any, graphs: Any = None) -> None:
     """SGLang's own draft extend over ``result``'s flat layout, in the draft's
-    TP and MoE contexts, as ``EAGLEWorkerV2.forward_batch_generation`` runs it."""
+    TP and MoE contexts, as ``EAGLEWorkerV2.forward_batch_generation`` runs it.
+
+    ``graphs`` (``PlainGraphs``): counts the path SGLang takes (predicted
+    before, counted once the extend returned; a failed one is not counted)."""
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
+    path = draft_extend_path_of(worker, batch) if graphs is not None else None
     draft = worker.draft_worker
     with (
         draft.draft_tp_context(draft.draft_runner.tp_group),
@@ -394,6 +415,8 @@ def _draft_extend(worker: Any, batch: Any, result: Any) -> None:
         ew.speculative_moe_a2a_backend_context(),
     ):
         draft._draft_extend_for_decode(batch, result)
+    if path is not None:
+        graphs.count_draft_extend(path)
 
 
 def _zero_draft_state(worker: Any, draft_input: Any, bs: int) -> None:
@@ -418,11 +441,15 @@ def make_plain_step(draft_sync: str, graphs: Any = None) -> PlainStep:
     def run(worker: Any, batch: Any, *_: Any, **__: Any) -> Any:
         return plain_step(worker, batch, draft_sync, lazy, graphs)
 
+    def draft_extend(worker: Any, batch: Any, result: Any) -> None:
+        # the lazy catch-up's draft extend, counted like the eager sync's
+        _draft_extend(worker, batch, result, graphs)
+
     return PlainStep(
         run=run,
         blocker=plain_step_blocker,
         lazy=lazy,
-        draft_extend=_draft_extend,
+        draft_extend=draft_extend,
         new_draft_input=_new_draft_input,
     )
 
