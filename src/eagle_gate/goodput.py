@@ -140,6 +140,12 @@ _Z2 = 2.0 * 2.0
 #: a clear bucket's probe horizon doubles up to this many stale_steps (or
 #: the explore_cost bound, when that is longer).
 _HORIZON_CAP = 4
+#: variance of one request's accept length assumed until it is measured
+#: (about that of alpha 0.7 over 4 draft tokens).
+_ACC_VAR_PRIOR = 1.0
+#: a clear winner's horizon cap grows by _HORIZON_CAP x stale_steps for
+#: every this much log gain it leads by (about 40%).
+_WIDE_GAIN = 0.35
 #: paired samples a bucket needs before they decide (before: the EMAs).
 _LN_MIN = 8
 #: probes of a bucket without a clear winner are this many times longer.
@@ -508,7 +514,8 @@ class Goodput:
         mode ahead beyond the noise). ``decide`` inlines the paired test."""
         ln = self._ln[k]
         if ln < _LN_MIN or self._aw <= 0.0:
-            gain = self._acc * self._tp[k] / self._ts[k] - 1.0
+            acc = self._acc
+            gain = acc * self._tp[k] / self._ts[k] - 1.0
             if home is _PLAIN:
                 gain = -gain
             m = self.switch_overhead
@@ -518,7 +525,16 @@ class Goodput:
             se2 = self._vpool * (
                 1.0 / (np_ if np_ < 19 else 19) + 1.0 / (ns if ns < 19 else 19)
             )
-            beyond = self._npool < 2 or gain * gain > _Z2 * se2
+            if self._aw <= 0.0:
+                # no acceptance estimate beyond a few SPEC steps yet: its
+                # spread (a prior per request) counts too, so that a few
+                # batch-1 steps do not decide against speculation
+                n_acc = self._n_acc
+                se2 += _ACC_VAR_PRIOR / ((n_acc if n_acc > 1 else 1) * acc * acc)
+                lg = _log(gain + 1.0 if home is _SPEC else 1.0 - gain)
+                beyond = lg * lg > _Z2 * se2
+            else:
+                beyond = self._npool < 2 or gain * gain > _Z2 * se2
             self._clear[k] = gain > m and beyond
             return gain < -m and beyond
         g = self._log_am - self._lr[k]
@@ -584,8 +600,30 @@ class Goodput:
             self._horizon[idx] = int(need) + 1 if need < (1 << 30) else 1 << 30
             return False
         if self._clear[idx]:  # decided beyond the noise: re-check later,
-            # up to _HORIZON_CAP x stale_steps (a change must show up)
+            # up to _HORIZON_CAP x stale_steps (a change must show up), and
+            # that again for every _WIDE_GAIN the winner leads by beyond 2
+            # standard errors: a mode twice as fast does not lose its lead
+            # between two re-checks as easily, and each re-check costs more
             cap = _HORIZON_CAP * self.stale_steps
+            if self._ln[idx] >= _LN_MIN:
+                g = self._log_am - self._lr[idx]
+                se2 = (self._lz[idx] + self._acc_z2se2) / _Z2
+            elif acc > 0.0 and tp > 0.0 and ts > 0.0:
+                g = _log(acc * tp / ts)
+                np_ = self._np[idx]
+                ns = self._ns[idx]
+                se2 = self._vpool * (
+                    1.0 / (np_ if np_ < 19 else 19) + 1.0 / (ns if ns < 19 else 19)
+                ) + (
+                    self._acc_z2se2 / _Z2
+                    if self._aw > 0.0
+                    else _ACC_VAR_PRIOR / ((self._n_acc or 1) * acc * acc)
+                )
+            else:
+                g = se2 = 0.0
+            g = (g if g > 0.0 else -g) - 2.0 * math.sqrt(se2)
+            if g > 0.0:
+                cap *= 1 + int(g / _WIDE_GAIN)
             if h < cap:
                 h = h + h if h + h < cap else cap
         else:  # not yet: probe again as soon as cost and budget allow
