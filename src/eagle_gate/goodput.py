@@ -230,6 +230,8 @@ class Goodput:
         "_chunk_tok",
         "_chunk_req",
         "_chunk_n",
+        "_probe_tok",
+        "_probe_req",
         "_last_b",
         "_cur_r",
         "_lz",
@@ -311,6 +313,10 @@ class Goodput:
         self._chunk_tok = 0
         self._chunk_req = 0
         self._chunk_n = 0
+        # tokens and requests of recent probes' SPEC steps (see
+        # _slow_acceptance)
+        self._probe_tok = 0
+        self._probe_req = 0
         self._last_b = 0
         self._cur_r = 0
         # pooled variance of paired samples over all buckets: the prior a
@@ -786,11 +792,30 @@ class Goodput:
             # the fast EMA moved beyond the noise: acceptance changed
             am = acc
             w = b * (2.0 - a) / a
-        elif probe and d * d > 4.0 * v and self._clear[idx]:
-            # it may be changing: the bucket is not clear any more, so it
-            # is probed again as soon as the cost bound allows
-            self._clear[idx] = False
-            self._horizon[idx] = 0
+        elif probe:
+            # the mean of recent probes' SPEC steps against the slow
+            # estimate: from PLAIN, probes are all the policy sees of
+            # acceptance, too few steps to move the fast EMA (1/80 per step at
+            # batch 1); they add up while they disagree with the estimate
+            pt = self._probe_tok + tokens
+            pq = self._probe_req + req
+            self._probe_tok = pt
+            self._probe_req = pq
+            d = pt / pq - am
+            v = av * (1.0 / pq + 1.0 / w)
+            if d * d > _ACC_DRIFT_Z2 * v:  # changed: restart from the probes
+                am = pt / pq
+                w = float(pq)
+                self._probe_tok = self._probe_req = 0
+            elif d * d > 4.0 * v:
+                # it may be changing: the bucket is not clear any more, so it
+                # is probed again (longer) as soon as the cost bound allows,
+                # and the next probes' steps add to these
+                if self._clear[idx]:
+                    self._clear[idx] = False
+                    self._horizon[idx] = 0
+            elif d * d < v:  # in line with the estimate: start afresh
+                self._probe_tok = self._probe_req = 0
         self._am = am
         self._aw = w
         self._av = av
