@@ -19,7 +19,35 @@ What it checks, against real models on your GPU:
    own DECODE CUDA graphs (``--gate-plain-graphs auto``, what each TP rank
    captured and the MiB it took, from the gate's status; the share of plain
    steps that replayed a graph per level) and, for comparison, eager
-   (``--gate-plain-graphs off``; skip with ``--no-eager-plain``).
+   (``--gate-plain-graphs off``; skip with ``--no-eager-plain``). These are
+   tables 4a and 4b of docs/plain-graphs.md section 9.
+4c. **Outputs with plain graphs** (``--gate-plain-graphs auto``), per draft
+   strategy: the section 1 ``alternate`` outputs again; the outputs of the
+   section 3 ``never`` server's requests at concurrency 1 (every prompt, one
+   at a time), draft strategy ``eager`` only (the one section 3 runs;
+   ``never`` per strategy would cost a server each); and, from the gate's
+   status, the plain steps of the ``alternate`` servers by target path
+   (``plain_path``: a plain graph replayed, or eager) and by draft-extend path
+   (``draft_extend_path``; ``n/a`` where the gate does not report it).
+4d. **Fallback**: a gated server with policy ``never`` whose graphs stop at
+   ``--fallback-max-bs`` (8; SGLang's ``--cuda-graph-max-bs``, or
+   ``--cuda-graph-max-bs-decode`` where SGLang renamed it, as 0.5.23 did):
+   greedy outputs one by one (graph replays) and of twice that many requests
+   sent at once (16: eager steps), each against the server without
+   speculation at the same concurrency, with the plain steps by path and the
+   eager reasons (``plain_eager_reasons``: ``bs_above_max`` expected). Skip
+   with ``--no-graph-fallback``.
+
+What needs a GPU: sections 3 and 4 only say something about the plain step's
+CUDA graphs where they are captured (CUDA, graphs not disabled); elsewhere
+every plain step runs the target eagerly (status reason, e.g.
+``device_not_cuda``), section 4d then adds nothing and costs a server. The exit
+code is 1 if any output differs from the server without speculation. Greedy
+outputs at concurrency above 1 can differ from a server without speculation
+for reasons other than the gate (other kernels or KV splits at another batch
+size, batches formed differently), and on a GPU so can rare greedy ties at
+batch size 1 (docs/plain-graphs.md section 8): read a mismatch, do not
+assume.
 
 Usage (one GPU, Llama-3.1-8B with its EAGLE-3 draft, for example)::
 
@@ -35,10 +63,11 @@ the plain step.
 
 On CPU, CI runs this script for real against SGLang's speculative path on a
 tiny model (``tests/test_validate_script.py``): ``--prompts 2
---strategies eager --concurrency 1`` with ``-- --device cpu --attention-backend
-triton ...`` and the CI-only CPU stand-ins of ``ci/cpu_spec`` in the
-environment. That checks the script and shows what it reports; the numbers
-of section 3 say nothing about a GPU.
+--strategies eager --concurrency 1 --no-eager-plain --no-graph-fallback`` with
+``-- --device cpu --attention-backend triton ...`` and the CI-only CPU
+stand-ins of ``ci/cpu_spec`` in the environment. That checks the script and
+shows what it reports (every plain step eager, reason ``device_not_cuda``);
+the numbers of section 3 say nothing about a GPU.
 
 Status: written against eagle_gate's plain step for SGLang 0.5.9 and 0.5.23;
 it has NOT been run on a GPU yet.
@@ -119,20 +148,33 @@ def server(cmd: list[str], env: dict, log: Path, timeout: float):
 
 
 def greedy_outputs(
-    base: str, max_new_tokens: int, prompts: list[str]
+    base: str, max_new_tokens: int, prompts: list[str], concurrency: int = 1
 ) -> list[list[int]]:
+    """Greedy output ids: of each prompt one after the other (``concurrency``
+    1), or of ``concurrency`` requests (the prompts in turn) sent at once."""
     params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
-    return [
-        post(base + "/generate", {"text": p, "sampling_params": params})["output_ids"]
-        for p in prompts
-    ]
+    one = lambda p: post(  # noqa: E731
+        base + "/generate", {"text": p, "sampling_params": params}
+    )["output_ids"]
+    if concurrency == 1:
+        return [one(p) for p in prompts]
+    batch = [prompts[i % len(prompts)] for i in range(concurrency)]
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, batch))
+
+
+def count_same(outputs: list[list[int]], reference: list[list[int]]) -> int:
+    return sum(o == r for o, r in zip(outputs, reference, strict=True))
 
 
 def throughput(
     base: str, concurrency: int, max_new_tokens: int, prompts: list[str]
-) -> float:
+) -> tuple[float, list[list[int]]]:
+    """Output tok/s of ``max(4 x concurrency, len(prompts))`` greedy requests
+    (the prompts in turn, ``concurrency`` at a time), and their output ids."""
     params = {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
-    prompts = [prompts[i % len(prompts)] for i in range(concurrency * 4)]
+    n = max(concurrency * 4, len(prompts))
+    prompts = [prompts[i % len(prompts)] for i in range(n)]
     t0 = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         done = list(
@@ -144,7 +186,7 @@ def throughput(
             )
         )
     tokens = sum(len(d["output_ids"]) for d in done)
-    return tokens / (time.monotonic() - t0)
+    return tokens / (time.monotonic() - t0), [d["output_ids"] for d in done]
 
 
 def switch_acceptance(log_dir: Path) -> tuple[float | None, float | None]:
@@ -186,6 +228,17 @@ def main() -> int:
         action="store_true",
         help="skip the eager plain-step server of section 3 (one server less)",
     )
+    parser.add_argument(
+        "--no-graph-fallback",
+        action="store_true",
+        help="skip section 4d, the fallback server (nothing new without graphs)",
+    )
+    parser.add_argument(
+        "--fallback-max-bs",
+        type=int,
+        default=8,
+        help="section 4d: SGLang's largest CUDA graph batch size (default 8)",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("server_args", nargs="*", help="after --: for every server")
     args = parser.parse_args()
@@ -209,7 +262,10 @@ def main() -> int:
     env = dict(os.environ)
     levels = [int(c) for c in args.concurrency.split(",")]
     prompts = PROMPTS[: max(1, args.prompts)]
+    strategies = args.strategies.split(",")
+    fallback_c = 2 * args.fallback_max_bs
     failures = 0
+    differ = []  # the comparisons with plain graphs auto that differ
 
     def stock(port):
         return [py, "-m", "sglang.launch_server", *common, "--port", str(port)]
@@ -223,22 +279,28 @@ def main() -> int:
     print(f"== reference: server without speculation (logs in {out})")
     with server(stock(free_port()), env, out / "nospec.log", args.startup_timeout) as b:
         reference = greedy_outputs(b, args.max_new_tokens, prompts)
+        if not args.no_graph_fallback:
+            reference_c = greedy_outputs(b, args.max_new_tokens, prompts, fallback_c)
         reference_tps = {
-            c: throughput(b, c, args.max_new_tokens, prompts) for c in levels
+            c: throughput(b, c, args.max_new_tokens, prompts)[0] for c in levels
         }
 
     print("\n== 1+2. outputs and acceptance across forced switches")
     header = ("strategy", "identical", "accept after PLAIN", "other SPEC")
     print("{:>10} {:>10} {:>19} {:>11}".format(*header))
-    for strategy in args.strategies.split(","):
+    alternate, paths = {}, {}
+    for strategy in strategies:
         log_dir = out / f"decisions-{strategy}"
         extra = ["--gate-set", f"period={args.switch_every}"]
-        extra += ["--gate-decision-log", str(log_dir)]
+        extra += ["--gate-decision-log", str(log_dir), "--gate-plain-graphs", "auto"]
         cmd = gated(free_port(), "alternate", strategy, extra)
         with server(cmd, env, out / f"gated-{strategy}.log", args.startup_timeout) as b:
             outputs = greedy_outputs(b, args.max_new_tokens, prompts)
-        same = sum(o == r for o, r in zip(outputs, reference, strict=True))
+            paths[strategy] = status_counts(b, "plain_path", "draft_extend_path")
+        same = alternate[strategy] = count_same(outputs, reference)
         failures += same != len(prompts)
+        if same != len(prompts):
+            differ.append(f"alternate {strategy}")
         after, other = switch_acceptance(log_dir)
         fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
         identical = f"{same}/{len(prompts)}"
@@ -253,20 +315,31 @@ def main() -> int:
         args.startup_timeout,
     ) as b:
         graph_rows = plain_graph_rows(b)
+        never_outputs = None  # the C=1 requests: one at a time, as the reference's
         for c in levels:
             before = plain_paths(b)
-            plain_tps[c] = throughput(b, c, args.max_new_tokens, prompts)
+            plain_tps[c], outputs = throughput(b, c, args.max_new_tokens, prompts)
             after = plain_paths(b)
             ran = {k: after[k] - before[k] for k in after}
             total = ran["graph"] + ran["eager"]
             shares[c] = ran["graph"] / total if total else None
+            never_outputs = outputs if c == 1 else never_outputs
+        if never_outputs is None:
+            never_outputs = greedy_outputs(b, args.max_new_tokens, prompts)
+    never_n = len(never_outputs)
+    never_same = count_same(
+        never_outputs, [reference[i % len(prompts)] for i in range(never_n)]
+    )
+    failures += never_same != never_n
+    if never_same != never_n:
+        differ.append("never eager")
     eager_tps = {}
     if not args.no_eager_plain:
         off = ["--gate-plain-graphs", "off"]
         cmd = gated(free_port(), "never", "eager", off)
         with server(cmd, env, out / "never-eager.log", args.startup_timeout) as b:
             for c in levels:
-                eager_tps[c] = throughput(b, c, args.max_new_tokens, prompts)
+                eager_tps[c] = throughput(b, c, args.max_new_tokens, prompts)[0]
     print("plain-step CUDA graphs (--gate-plain-graphs auto), per scheduler:")
     print(f"{'rank':>5} {'state':>9} {'reason':>16} {'sizes':>12} {'MiB':>8} "
           f"{'capture s':>9}")  # fmt: skip
@@ -286,6 +359,41 @@ def main() -> int:
             f"{c:>5} {reference_tps[c]:>14.1f} {plain_tps[c]:>12.1f} {ratio:>7.3f} "
             f"{share:>12} {eager:>12} {eratio:>12}"
         )
+
+    print(
+        "\n== 4c. outputs with plain graphs (--gate-plain-graphs auto), per draft sync"
+    )
+    print("requests identical to no speculation: alternate = the section 1 servers,")
+    print("never = the section 3 server's requests at C=1 (draft sync eager only);")
+    print("plain steps of the alternate servers since start by path, graph/eager")
+    print("(n/a: not in the gate's status)")
+    print(f"{'strategy':>10} {'alternate':>10} {'never':>6} {'plain target':>13} "
+          f"{'draft extend':>13}")  # fmt: skip
+    for strategy in strategies + ["eager"] * ("eager" not in strategies):
+        alt = f"{alternate[strategy]}/{len(prompts)}" if strategy in alternate else "-"
+        never = f"{never_same}/{never_n}" if strategy == "eager" else "-"
+        counts = paths.get(strategy, {})
+        target = fmt_paths(counts.get("plain_path")) if counts else "-"
+        extend = fmt_paths(counts.get("draft_extend_path")) if counts else "-"
+        print(f"{strategy:>10} {alt:>10} {never:>6} {target:>13} {extend:>13}")
+
+    fallback = None
+    if not args.no_graph_fallback:
+        fallback = run_fallback(args, gated, env, out, prompts, fallback_c)
+    if fallback is not None:
+        same_1 = count_same(fallback["outputs"], reference)
+        same_c = count_same(fallback["outputs_c"], reference_c)
+        failures += same_1 != len(prompts) or same_c != fallback_c
+        fallback["result"] = fallback_result(
+            same_1 + same_c, len(prompts) + fallback_c,
+            fallback["plain_path"], fallback["plain_eager_reasons"],
+        )  # fmt: skip
+        print(f"{'identical C=1':>13} {'identical C=' + str(fallback_c):>14} "
+              f"{'plain target':>13}  eager reasons")  # fmt: skip
+        print(f"{f'{same_1}/{len(prompts)}':>13} {f'{same_c}/{fallback_c}':>14} "
+              f"{fmt_paths(fallback['plain_path']):>13}  "
+              f"{fmt_reasons(fallback['plain_eager_reasons'])}")  # fmt: skip
+
     states = {row[1] for row in graph_rows}
     print("\nRESULT:", "outputs identical" if not failures else "OUTPUTS DIFFER")
     print(
@@ -294,7 +402,39 @@ def main() -> int:
            "not captured: " + "; ".join(f"rank {r[0]}: {r[1]} ({r[2]})"
                                         for r in graph_rows))
     )  # fmt: skip
+    print(
+        "RESULT: outputs identical with plain graphs (alternate, never)"
+        if not differ
+        else "RESULT: OUTPUTS DIFFER with plain graphs: " + ", ".join(differ)
+    )
+    if fallback is not None:
+        print("RESULT:", fallback["result"])
     return 1 if failures else 0
+
+
+def run_fallback(args, gated, env, out: Path, prompts, concurrency) -> dict | None:
+    """Section 4d: policy never, plain graphs auto, SGLang's graphs up to
+    ``--fallback-max-bs``; greedy outputs one by one and at ``concurrency``,
+    the plain steps by path and the eager reasons since start (None when this
+    SGLang has no flag for the largest graph batch size)."""
+    flag = graph_max_bs_flag()
+    print(
+        f"\n== 4d. fallback above the largest plain graph: policy never, "
+        f"--gate-plain-graphs auto, -- {flag} {args.fallback_max_bs}"
+    )
+    if flag is None:
+        print("skipped: this SGLang has neither --cuda-graph-max-bs nor "
+              "--cuda-graph-max-bs-decode")  # fmt: skip
+        return None
+    extra = ["--gate-plain-graphs", "auto", flag, str(args.fallback_max_bs)]
+    cmd = gated(free_port(), "never", "eager", extra)
+    with server(cmd, env, out / "fallback.log", args.startup_timeout) as b:
+        result = {
+            "outputs": greedy_outputs(b, args.max_new_tokens, prompts),
+            "outputs_c": greedy_outputs(b, args.max_new_tokens, prompts, concurrency),
+        }
+        result.update(status_counts(b, "plain_path", "plain_eager_reasons"))
+    return result
 
 
 def gate_status(base: str) -> list[dict]:
@@ -323,16 +463,84 @@ def plain_graph_rows(base: str) -> list[tuple]:
     return rows
 
 
-def plain_paths(base: str) -> dict[str, int]:
-    """Plain steps by target path (graph, eager), summed over the TP-rank-0
-    schedulers (every TP rank runs the same steps)."""
+def sum_counts(records: list[dict], key: str) -> dict[str, int] | None:
+    """The counter dict ``key`` of the status records summed over the
+    TP-rank-0 schedulers (every TP rank runs the same steps; DP ranks add up);
+    None when no such record has it (a gate that does not report it)."""
+    total, seen = {}, False
+    for record in records:
+        counts = record.get(key)
+        if record.get("tp_rank", 0) != 0 or not isinstance(counts, dict):
+            continue
+        seen = True
+        for name, n in counts.items():
+            total[name] = total.get(name, 0) + int(n)
+    return total if seen else None
+
+
+def status_counts(base: str, *keys: str) -> dict[str, dict[str, int] | None]:
+    """``sum_counts`` of each of ``keys`` from the gate's status now."""
     time.sleep(1.5)  # status records are rewritten about once a second
-    total = {"graph": 0, "eager": 0}
-    for record in gate_status(base):
-        if record.get("tp_rank", 0) == 0:
-            for key in total:
-                total[key] += int((record.get("plain_path") or {}).get(key, 0))
-    return total
+    records = gate_status(base)
+    return {key: sum_counts(records, key) for key in keys}
+
+
+def plain_paths(base: str) -> dict[str, int]:
+    """Plain steps by target path (graph, eager) since start."""
+    counts = status_counts(base, "plain_path")["plain_path"] or {}
+    return {"graph": counts.get("graph", 0), "eager": counts.get("eager", 0)}
+
+
+def fmt_paths(counts: dict[str, int] | None) -> str:
+    """``graph/eager`` of a path counter; ``n/a`` without one."""
+    if counts is None:
+        return "n/a"
+    return f"{counts.get('graph', 0)}/{counts.get('eager', 0)}"
+
+
+def fmt_reasons(reasons: dict[str, int] | None) -> str:
+    """The eager reasons that occurred, ``bs_above_max 12, graphs_off 3``."""
+    if reasons is None:
+        return "n/a"
+    return ", ".join(f"{r} {n}" for r, n in reasons.items() if n) or "-"
+
+
+def fallback_result(
+    same: int,
+    total: int,
+    paths: dict[str, int] | None,
+    reasons: dict[str, int] | None,
+) -> str:
+    """Section 4d's RESULT line (without ``RESULT: ``)."""
+    verdict = "identical" if same == total else f"OUTPUTS DIFFER ({same}/{total})"
+    others = dict(reasons or {})
+    eager = [f"{others.pop('bs_above_max', 0)} eager (bs_above_max)"]
+    eager += [f"{n} eager ({r})" for r, n in others.items() if n]
+    graph = (paths or {}).get("graph", 0)
+    return (
+        f"fallback above --cuda-graph-max-bs: {verdict}, {', '.join(eager)}, "
+        f"{graph} graph"
+    )
+
+
+def pick_max_bs_flag(options: list[str]) -> str | None:
+    """SGLang's flag for the largest decode CUDA graph batch size among its
+    options: ``--cuda-graph-max-bs`` (0.5.9), ``--cuda-graph-max-bs-decode``
+    (0.5.23, which refuses the former as ambiguous)."""
+    for flag in ("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode"):
+        if flag in options:
+            return flag
+    return None
+
+
+def graph_max_bs_flag() -> str | None:
+    """``pick_max_bs_flag`` over the options of this Python's SGLang (the one
+    the servers run)."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return pick_max_bs_flag([o for a in parser._actions for o in a.option_strings])
 
 
 if __name__ == "__main__":

@@ -5,12 +5,15 @@ without speculation and gated EAGLE-3 servers of the tiny target and the
 trained draft (SGLang's real speculative path on CPU, with ``--device cpu`` and
 the CPU flags passed through after ``--`` and the CI-only stand-ins of
 ``ci/cpu_spec`` in the environment), on a small prompt set, and must report
-identical outputs, acceptance from the decision log, and the plain-step
-throughput table. The numbers say nothing about a GPU.
+identical outputs, acceptance from the decision log, the plain-step
+throughput table and the outputs with plain graphs ``auto`` (every plain step
+eager on CPU). The numbers say nothing about a GPU. Its pure helpers are
+tested without servers at the end.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +48,7 @@ def test_validate_script_reports_identity_acceptance_and_cost(
         "--algorithm", "EAGLE3", "--num-steps", "3",
         "--prompts", "2", "--max-new-tokens", "12", "--switch-every", "3",
         "--strategies", "eager", "--concurrency", "1", "--no-eager-plain",
+        "--no-graph-fallback",
         "--startup-timeout", "400", "--out", str(out_dir),
         "--", *cpu_flags(target),
     ]  # fmt: skip
@@ -52,12 +56,13 @@ def test_validate_script_reports_identity_acceptance_and_cost(
     report = proc.stdout
     note(f"SGLang {sglang_env.version()}: examples/validate_gpu.py on CPU:\n{report}")
     assert proc.returncode == 0, report + proc.stderr[-3000:]
-    assert "RESULT: outputs identical" in report
-    eager = next(line for line in report.splitlines() if line.split()[:1] == ["eager"])
+    assert "RESULT: outputs identical\n" in report
+    section = report.split("== 1+2.")[1].split("== 3.")[0].splitlines()
+    eager = next(line for line in section if line.split()[:1] == ["eager"])
     strategy, identical, after, other = eager.split()
     assert identical == "2/2"
     assert float(after) > 0 and float(other) > 0  # SPEC steps on both sides
-    table = report.split("== 3.")[1].splitlines()
+    table = report.split("== 3.")[1].split("== 4c.")[0].splitlines()
     (row,) = [line.split() for line in table if line.split()[:1] == ["1"]]
     # C, no-spec, plain, ratio, graph share, eager, eager ratio (skipped here)
     assert len(row) == 7 and float(row[3]) > 0
@@ -67,3 +72,70 @@ def test_validate_script_reports_identity_acceptance_and_cost(
     assert "RESULT: plain graphs not captured: rank 0/0: off (device_not_cuda)" in (
         report
     )
+    # 4c: strategy, identical (alternate), identical (never), plain target
+    # path graph/eager, draft-extend path graph/eager (n/a until reported)
+    table = report.split("== 4c.")[1].split("RESULT:")[0].splitlines()
+    rows = [line.split() for line in table]
+    (row,) = [r for r in rows if len(r) == 5 and r[0] == "eager"]
+    assert row[1] == "2/2"
+    same, requests = row[2].split("/")  # never: the C=1 requests, 4 of 2 prompts
+    assert same == requests == "4"
+    graph, eager_steps = map(int, row[3].split("/"))
+    assert graph == 0 and eager_steps > 0  # alternate ran plain steps, eagerly
+    assert row[4] == "n/a" or int(row[4].split("/")[0]) == 0
+    assert "RESULT: outputs identical with plain graphs (alternate, never)" in report
+    assert "== 4d." not in report and "fallback" not in report  # skipped
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("validate_gpu", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_validate_script_helpers():
+    v = load_script()
+    records = [
+        {"tp_rank": 0, "dp_rank": 0, "plain_path": {"graph": 3, "eager": 1}},
+        {"tp_rank": 1, "dp_rank": 0, "plain_path": {"graph": 3, "eager": 1}},
+        {"tp_rank": 0, "dp_rank": 1, "plain_path": {"graph": 2, "eager": 4}},
+    ]
+    # TP rank 0 of each DP rank: every TP rank runs the same steps
+    assert v.sum_counts(records, "plain_path") == {"graph": 5, "eager": 5}
+    assert v.sum_counts(records, "draft_extend_path") is None  # not reported
+    assert v.fmt_paths({"graph": 5, "eager": 5}) == "5/5"
+    assert v.fmt_paths({"eager": 2}) == "0/2"
+    assert v.fmt_paths(None) == "n/a"
+    reasons = {"graphs_off": 0, "bs_above_max": 12, "declined": 1}
+    assert v.fmt_reasons(reasons) == "bs_above_max 12, declined 1"
+    assert v.fmt_reasons(dict.fromkeys(reasons, 0)) == "-"
+    assert v.fmt_reasons(None) == "n/a"
+    assert v.fallback_result(18, 18, {"graph": 20, "eager": 13}, reasons) == (
+        "fallback above --cuda-graph-max-bs: identical, 12 eager (bs_above_max), "
+        "1 eager (declined), 20 graph"
+    )
+    assert v.fallback_result(17, 18, None, None) == (
+        "fallback above --cuda-graph-max-bs: OUTPUTS DIFFER (17/18), "
+        "0 eager (bs_above_max), 0 graph"
+    )
+    assert v.count_same([[1, 2], [3]], [[1, 2], [4]]) == 1
+    # SGLang 0.5.9 has --cuda-graph-max-bs; 0.5.23 --cuda-graph-max-bs-decode
+    # (and refuses the former as ambiguous)
+    assert v.pick_max_bs_flag(["--cuda-graph-max-bs", "--cuda-graph-bs"]) == (
+        "--cuda-graph-max-bs"
+    )
+    assert (
+        v.pick_max_bs_flag(
+            ["--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill"]
+        )
+        == "--cuda-graph-max-bs-decode"
+    )
+    assert v.pick_max_bs_flag(["--tp"]) is None
+
+
+def test_validate_script_finds_sglangs_graph_max_bs_flag():
+    """Section 4d appends SGLang's largest-graph flag; the names differ by
+    version (0.5.23 refuses ``--cuda-graph-max-bs`` as ambiguous)."""
+    expected = {"0.5.9": "--cuda-graph-max-bs", "0.5.23": "--cuda-graph-max-bs-decode"}
+    assert load_script().graph_max_bs_flag() == expected[sglang_env.version()]
