@@ -526,17 +526,12 @@ class Goodput:
                 gain = -gain
             m = self.switch_overhead
             # the noise of one interval (pooled) over the EMAs' samples
-            np_ = self._np[k]
-            ns = self._ns[k]
-            se2 = self._vpool * (
-                1.0 / (np_ if np_ < 19 else 19) + 1.0 / (ns if ns < 19 else 19)
-            )
+            se2 = self._ema_noise(k)
             if self._aw <= 0.0:
                 # no acceptance estimate beyond a few SPEC steps yet: its
                 # spread (a prior per request) counts too, so that a few
                 # batch-1 steps do not decide against speculation
-                n_acc = self._n_acc
-                se2 += _ACC_VAR_PRIOR / ((n_acc if n_acc > 1 else 1) * acc * acc)
+                se2 += self._acc_prior_noise(acc)
                 lg = _log(gain + 1.0 if home is _SPEC else 1.0 - gain)
                 beyond = lg * lg > _Z2 * se2
             else:
@@ -562,6 +557,23 @@ class Goodput:
             self._clear[k] = False
             self._horizon[k] = 0
         return False
+
+    def _ema_noise(self, k: int) -> float:
+        """Variance (log units) of bucket ``k``'s interval-EMA ratio: the
+        pooled noise of one paired sample over each EMA's samples (up to 19,
+        the EMA's memory). Zero before two paired samples were pooled."""
+        np_ = self._np[k]
+        ns = self._ns[k]
+        return self._vpool * (
+            1.0 / (np_ if np_ < 19 else 19) + 1.0 / (ns if ns < 19 else 19)
+        )
+
+    def _acc_prior_noise(self, acc: float) -> float:
+        """Variance (log units) of the fast acceptance ``acc`` before the slow
+        estimate has one: the prior spread of one request's accept length over
+        the requests seen."""
+        n_acc = self._n_acc
+        return _ACC_VAR_PRIOR / ((n_acc if n_acc > 1 else 1) * acc * acc)
 
     def _neighbor(self, idx: int) -> int:
         """The nearest batch bucket (same context) measured in both modes, or
@@ -616,14 +628,10 @@ class Goodput:
                 se2 = (self._lz[idx] + self._acc_z2se2) / _Z2
             elif acc > 0.0 and tp > 0.0 and ts > 0.0:
                 g = _log(acc * tp / ts)
-                np_ = self._np[idx]
-                ns = self._ns[idx]
-                se2 = self._vpool * (
-                    1.0 / (np_ if np_ < 19 else 19) + 1.0 / (ns if ns < 19 else 19)
-                ) + (
+                se2 = self._ema_noise(idx) + (
                     self._acc_z2se2 / _Z2
                     if self._aw > 0.0
-                    else _ACC_VAR_PRIOR / ((self._n_acc or 1) * acc * acc)
+                    else self._acc_prior_noise(acc)
                 )
             else:
                 g = se2 = 0.0
