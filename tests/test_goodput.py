@@ -272,6 +272,48 @@ def test_no_lock_in_after_a_noisy_start():
     assert share(modes, Mode.SPEC, last=8000) > 0.85
 
 
+def settled_at(modes, want, window=1000, every=100):
+    """First step (a multiple of ``every``) from which ``want`` runs at least
+    90% of the next ``window`` steps; None if never."""
+    for i in range(0, len(modes) - window + 1, every):
+        if share(modes[i : i + window], want) > 0.9:
+            return i
+    return None
+
+
+@pytest.mark.parametrize("spec_gain", [0.03, -0.03])
+def test_close_call_from_the_wrong_start_settles_in_hundreds_of_steps(spec_gain):
+    # 3% apart, 12% step-time noise: telling the two apart takes ~100 paired
+    # samples. Paid from the 3% exploration budget alone that is thousands of
+    # steps in the slower mode (up to 11,000 seen over these seeds); probes
+    # of the mode the evidence already puts ahead are not charged to it, so
+    # every seed settles within 3,000 steps
+    want = Mode.SPEC if spec_gain > 0 else Mode.PLAIN
+    wrong = "plain" if spec_gain > 0 else "spec"
+    settled = []
+    for seed in range(10):
+        tp, ts, acc = noisy_close_call(spec_gain, seed=seed)
+        pol = Goodput(initial_mode=wrong)
+        modes = drive(pol, 12000, 16, tp, ts, acc, resync=0.002, none_every=4)
+        settled.append(settled_at(modes, want))
+    assert None not in settled, settled
+    assert max(settled) <= 3000, settled
+
+
+def test_probe_acceptance_reopens_a_clear_bucket_only_if_it_could_flip_it():
+    # PLAIN is clearly ahead (SPEC: 2 tokens in 30 ms, PLAIN: 1 in 10 ms).
+    # Recent probes' acceptance 2-4 standard errors off the estimate makes a
+    # bucket unclear (re-probed at once, longer) only when the decision would
+    # not stand with it: 2.2 leaves PLAIN ahead, 3.5 puts SPEC ahead
+    pol = Goodput()
+    drive(pol, 6000, 2, 0.010, 0.030, 2.0, resync=0.003)
+    idx = batch_bucket(2)  # context bucket 0 (1000 tokens per request)
+    assert pol._home is Mode.PLAIN and pol._clear[idx]
+    assert pol._stands(idx, 2.2)
+    assert not pol._stands(idx, 3.5)
+    assert not pol._stands(batch_bucket(64), 2.0)  # no paired evidence there
+
+
 def test_estimates_contract_and_predicted_plain_rate():
     pol = Goodput()
     est = pol.estimates()  # no arguments: the runtime's optional contract

@@ -45,7 +45,11 @@ steps, ``4 * probe_steps`` while the bucket has no clear winner, extended by
 up to ``3 * probe_steps`` while none of them gave a usable interval). Probes
 are limited to ``max_explore_share`` of the decided steps (plus a start credit
 of ``2 * probe_steps`` steps for the cold start and at most one probe's length
-of overdraft; unused budget is capped at ``4 * probe_steps``). A bucket's
+of overdraft; unused budget is capped at ``4 * probe_steps``), except probes
+of a mode that the bucket's paired evidence already puts ahead, not yet
+beyond the noise: those are expected to gain, not to cost, so only the
+``explore_cost`` bound below limits them, and a close call is resolved in
+hundreds of steps instead of the thousands the budget would take. A bucket's
 horizon doubles each time it is probed while its winner is clear (and is
 reset while it is not), and is at least long enough that the time a probe is
 expected to lose (from the current estimates, resync included) is at most
@@ -240,6 +244,7 @@ class Goodput:
         "_vpool",
         "_npool",
         "_probe_len",
+        "_probe_free",
         "switches",
     )
 
@@ -324,6 +329,7 @@ class Goodput:
         self._vpool = 0.0
         self._npool = 0
         self._probe_len = self.probe_steps
+        self._probe_free = False  # the running probe is not charged to the budget
         #: number of home-mode switches so far (for reporting).
         self.switches = 0
 
@@ -444,7 +450,8 @@ class Goodput:
                 self._probe_got == 0 and done < self._probe_left
             ):
                 self._probe_done = done
-                self._credit -= 1.0
+                if not self._probe_free:
+                    self._credit -= 1.0
                 self._explored += 1
                 self._ring_idx[r] = idx | _PROBE_BIT
                 return self._probe_mode
@@ -481,7 +488,7 @@ class Goodput:
             return home
         other_last = self._last_s[idx] if home is _PLAIN else self._last_p[idx]
         if step - other_last > self._horizon[idx] and (
-            self._credit >= self.probe_steps
+            self._credit >= self.probe_steps or self._leading(idx, home)
         ):
             if self._probe_due(idx, home, step - other_last):
                 return self._start_probe(_SPEC if home is _PLAIN else _PLAIN, idx)
@@ -558,6 +565,39 @@ class Goodput:
             self._horizon[k] = 0
         return False
 
+    def _leading(self, k: int, home: Mode) -> bool:
+        """Whether bucket ``k``'s paired evidence puts the mode not being
+        run ahead (by more than the resync spread over a stay), but not yet
+        beyond the noise (else the policy would have switched). Probing
+        that mode is then expected to gain, not to cost: such probes run as
+        often as the ``explore_cost`` bound allows, beyond the exploration
+        budget, so a close call is resolved in hundreds of steps rather than
+        the thousands the budget would take."""
+        lz = self._lz[k]
+        az = self._acc_z2se2
+        if self._ln[k] < _LN_MIN or (home is _SPEC and lz < az):
+            # (PLAIN probes tell nothing of acceptance: from SPEC they help
+            # only while the step-time ratio is the larger uncertainty)
+            return False
+        g = self._log_am - self._lr[k]
+        if home is _PLAIN:
+            g = -g  # the gain of staying
+        d = -g - self._resync_c  # the other mode's lead
+        return d > 0.0 and d * d <= lz + az
+
+    def _stands(self, k: int, acc: float) -> bool:
+        """Whether bucket ``k``'s decision would stay clear (beyond 2
+        standard errors, paired evidence) with acceptance ``acc``: recent
+        probes' acceptance that moved, but not by enough to change the
+        decision, is no reason to re-probe a clear winner sooner."""
+        if self._ln[k] < _LN_MIN or acc <= 0.0:
+            return False
+        g = _log(acc) - self._lr[k]
+        if self._home is _PLAIN:
+            g = -g  # the gain of staying
+        d = g + self._resync_c
+        return d > 0.0 and d * d > self._lz[k] + self._acc_z2se2
+
     def _ema_noise(self, k: int) -> float:
         """Variance (log units) of bucket ``k``'s interval-EMA ratio: the
         pooled noise of one paired sample over each EMA's samples (up to 19,
@@ -605,7 +645,7 @@ class Goodput:
         n = self.probe_steps
         if self._ln[idx] >= _LN_MIN and not self._clear[idx]:
             n = _LONG_PROBE * n
-        if self._credit < n:
+        if self._credit < n and not self._leading(idx, home):
             return False
         if home is _PLAIN:  # a SPEC probe: its steps beyond PLAIN's, plus a resync
             lost = (n * (ts - acc * tp) + self._resync_rel * ts) / tp
@@ -670,13 +710,18 @@ class Goodput:
         return seen * self.explore_cost >= lost
 
     def _start_probe(self, mode: Mode, idx: int) -> Mode:
-        self._credit -= 1.0
         self._probe_mode = mode
         # a bucket with evidence but no clear winner gets long probes: more
         # paired samples per resync
         n = self.probe_steps
         if self._ln[idx] >= _LN_MIN and not self._clear[idx]:
             n = _LONG_PROBE * n
+        # a probe the budget cannot pay is one of a mode the evidence puts
+        # ahead (see _leading): it is expected to gain, not charged
+        free = self._credit < n
+        self._probe_free = free
+        if not free:
+            self._credit -= 1.0
         self._probe_len = n
         self._probe_left = n + 3 * self.probe_steps  # the longest a probe may run
         self._probe_done = 0
@@ -816,10 +861,11 @@ class Goodput:
                 w = float(pq)
                 self._probe_tok = self._probe_req = 0
             elif d * d > 4.0 * v:
-                # it may be changing: the bucket is not clear any more, so it
-                # is probed again (longer) as soon as the cost bound allows,
-                # and the next probes' steps add to these
-                if self._clear[idx]:
+                # it may be changing: unless the bucket's decision would stand
+                # with the probes' acceptance, the bucket is not clear any
+                # more, so it is probed again (longer) as soon as the cost
+                # bound allows, and the next probes' steps add to these
+                if self._clear[idx] and not self._stands(idx, pt / pq):
                     self._clear[idx] = False
                     self._horizon[idx] = 0
             elif d * d < v:  # in line with the estimate: start afresh
@@ -874,7 +920,8 @@ GOODPUT_SETTINGS = {
         float,
         0.03,
         "largest share of decode steps spent probing the mode not chosen (a "
-        "bucket with a clear winner probes far less: see explore_cost)",
+        "bucket with a clear winner probes far less: see explore_cost); probes "
+        "of a mode the evidence already puts ahead are not counted",
         0.0,
         0.5,
     ),
