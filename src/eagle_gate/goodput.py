@@ -25,7 +25,7 @@ tokens/second is ``g = log(acc_slow) - mean(log(ts / tp))``, with a standard
 error from both variances. From either mode the policy switches when the
 other mode is ahead by more than the measured resync spread over the stay a
 switch expects (``stale_steps``: a bucket's decision is not re-examined by a
-probe sooner), by more than 2 standard errors. Until a bucket has 8 paired
+probe sooner), by more than 2.5 standard errors. Until a bucket has 8 paired
 samples it goes by the two interval EMAs: a switch needs a gain beyond
 ``switch_overhead`` and beyond the pooled noise of the EMAs' samples. A
 bucket whose winner is not clear keeps probing (4x longer probes, so a resync
@@ -139,8 +139,10 @@ _LR_ALPHA_MIN = 1.0 / 128.0
 _LR_NEFF_MAX = 2.0 / _LR_ALPHA_MIN - 1.0
 #: variance floor of one paired log-ratio sample (1% noise).
 _LR_VAR_FLOOR = 1e-4
-#: a switch needs the gain beyond this many standard errors (squared).
-_Z2 = 2.0 * 2.0
+#: a switch needs the gain beyond this many standard errors (squared): 2.5,
+#: as the test is repeated every step (at 2, false switches in close calls
+#: cost more than the later true ones it let through sooner).
+_Z2 = 2.5 * 2.5
 #: a clear bucket's probe horizon doubles up to this many stale_steps (or
 #: the explore_cost bound, when that is longer).
 _HORIZON_CAP = 4
@@ -520,9 +522,9 @@ class Goodput:
         """Whether bucket ``k`` says: leave ``home``. With paired samples, the
         log gain of SPEC over PLAIN in tokens/s (paired step-time ratios and
         the slow acceptance) must exceed the resync spread over the stay a
-        switch expects (``stale_steps``) by 2 standard errors, the same test
+        switch expects (``stale_steps``) by 2.5 standard errors, the same test
         in both directions; before ``_LN_MIN`` paired samples, the two
-        interval EMAs must differ by ``switch_overhead`` and by 2 standard
+        interval EMAs must differ by ``switch_overhead`` and by 2.5 standard
         errors of the pooled noise. Sets the bucket's ``clear`` flag (either
         mode ahead beyond the noise). ``decide`` inlines the paired test."""
         ln = self._ln[k]
@@ -573,9 +575,11 @@ class Goodput:
         often as the ``explore_cost`` bound allows, beyond the exploration
         budget, so a close call is resolved in hundreds of steps rather than
         the thousands the budget would take."""
+        if self._ln[k] < _LN_MIN:
+            return self._leading_ema(k, home)
         lz = self._lz[k]
         az = self._acc_z2se2
-        if self._ln[k] < _LN_MIN or (home is _SPEC and lz < az):
+        if home is _SPEC and lz < az:
             # (PLAIN probes tell nothing of acceptance: from SPEC they help
             # only while the step-time ratio is the larger uncertainty)
             return False
@@ -585,8 +589,27 @@ class Goodput:
         d = -g - self._resync_c  # the other mode's lead
         return d > 0.0 and d * d <= lz + az
 
+    def _leading_ema(self, k: int, home: Mode) -> bool:
+        """``_leading`` before a bucket has paired samples: its interval EMAs
+        put the other mode ahead, by no more than ``switch_overhead`` (the
+        margin a switch needs then). Its probes are the paired samples that
+        decide, so they come sooner too."""
+        if not (self._np[k] and self._ns[k]) or self._aw <= 0.0:
+            return False
+        tp = self._tp[k]
+        ts = self._ts[k]
+        acc = self._acc
+        if tp <= 0.0 or ts <= 0.0 or acc <= 0.0:
+            return False
+        if home is _SPEC and _Z2 * self._ema_noise(k) < self._acc_z2se2:
+            return False  # (see _leading)
+        gain = acc * tp / ts - 1.0
+        if home is _PLAIN:
+            gain = -gain  # the gain of staying
+        return 0.0 < -gain <= self.switch_overhead
+
     def _stands(self, k: int, acc: float) -> bool:
-        """Whether bucket ``k``'s decision would stay clear (beyond 2
+        """Whether bucket ``k``'s decision would stay clear (beyond 2.5
         standard errors, paired evidence) with acceptance ``acc``: recent
         probes' acceptance that moved, but not by enough to change the
         decision, is no reason to re-probe a clear winner sooner."""
