@@ -97,7 +97,7 @@ i.e. its batch size over its bucket's PLAIN interval (or a neighbouring batch
 bucket's), None when none has one; O(1), allocation-free, never raises.
 
 Cost: O(1) per call, preallocated flat arrays, no allocation in ``decide`` or
-``observe`` (beyond Python floats); about 1.5 microseconds per decide+observe
+``observe`` (beyond Python floats); about 1.75 microseconds per decide+observe
 in CPython.
 """
 
