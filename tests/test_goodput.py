@@ -291,13 +291,23 @@ def test_close_call_from_the_wrong_start_settles_in_hundreds_of_steps(spec_gain)
     want = Mode.SPEC if spec_gain > 0 else Mode.PLAIN
     wrong = "plain" if spec_gain > 0 else "spec"
     settled = []
+    leading = []
     for seed in range(10):
         tp, ts, acc = noisy_close_call(spec_gain, seed=seed)
         pol = Goodput(initial_mode=wrong)
-        modes = drive(pol, 12000, 16, tp, ts, acc, resync=0.002, none_every=4)
+        steps = 12000
+        modes = drive(pol, steps, 16, tp, ts, acc, resync=0.002, none_every=4)
         settled.append(settled_at(modes, want))
+        # the budget still binds the probes it is charged for; the status
+        # tells the others apart
+        est = pol.estimates()
+        charged = est["explored_share"] - est["leading_probe_share"]
+        slack = (2 * pol.probe_steps + 4 * pol.probe_steps) / steps
+        assert charged <= pol.max_explore_share + slack, (seed, est)
+        leading.append(est["leading_probe_share"])
     assert None not in settled, settled
     assert max(settled) <= 3000, settled
+    assert max(leading) > 0.0, leading
 
 
 def test_probe_acceptance_reopens_a_clear_bucket_only_if_it_could_flip_it():

@@ -86,7 +86,9 @@ state and decides identically.
 
 Reporting: ``estimates()`` (the runtime's optional contract, no arguments)
 returns a small fixed set of floats: ``accept_length``, ``resync_rel``,
-``explored_share``, ``dwell_steps``, ``switches``, ``spec_home`` and, for the
+``explored_share`` (probe steps / decided steps), ``leading_probe_share`` (the
+part of it that probed a mode the evidence put ahead, not charged to
+``max_explore_share``), ``dwell_steps``, ``switches``, ``spec_home`` and, for the
 last decided bucket, ``batch_size``, ``plain_tok_s`` / ``spec_tok_s`` (when
 that bucket has an estimate of the mode) and ``spec_log_gain`` /
 ``paired_samples`` (once it has paired samples). ``bucket_estimates(batch,
@@ -218,6 +220,7 @@ class Goodput:
         "_probe_got",
         "_decided",
         "_explored",
+        "_explored_free",
         "_credit",
         "_credit_cap",
         "_last_obs_mode",
@@ -291,6 +294,7 @@ class Goodput:
         self._probe_got = 0
         self._decided = 0
         self._explored = 0
+        self._explored_free = 0  # of which probes of a leading mode (not charged)
         # start credit: two probes, so the cold start does not wait for budget.
         self._credit = 2.0 * self.probe_steps
         # unused budget does not pile up into long runs of probes later
@@ -366,6 +370,9 @@ class Goodput:
             "accept_length": self._acc,
             "resync_rel": self._resync_rel,
             "explored_share": self.explored_share,
+            "leading_probe_share": (
+                self._explored_free / self._decided if self._decided else 0.0
+            ),
             "dwell_steps": float(self._dwell),
             "switches": float(self.switches),
             "spec_home": 1.0 if self._home is _SPEC else 0.0,
@@ -452,7 +459,9 @@ class Goodput:
                 self._probe_got == 0 and done < self._probe_left
             ):
                 self._probe_done = done
-                if not self._probe_free:
+                if self._probe_free:
+                    self._explored_free += 1
+                else:
                     self._credit -= 1.0
                 self._explored += 1
                 self._ring_idx[r] = idx | _PROBE_BIT
@@ -743,7 +752,9 @@ class Goodput:
         # ahead (see _leading): it is expected to gain, not charged
         free = self._credit < n
         self._probe_free = free
-        if not free:
+        if free:
+            self._explored_free += 1
+        else:
             self._credit -= 1.0
         self._probe_len = n
         self._probe_left = n + 3 * self.probe_steps  # the longest a probe may run
