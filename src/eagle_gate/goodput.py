@@ -46,8 +46,9 @@ up to ``3 * probe_steps`` while none of them gave a usable interval). Probes
 are limited to ``max_explore_share`` of the decided steps (plus a start credit
 of ``2 * probe_steps`` steps for the cold start and at most one probe's length
 of overdraft; unused budget is capped at ``4 * probe_steps``), except probes
-of a mode that the bucket's paired evidence already puts ahead, not yet
-beyond the noise: those are expected to gain, not to cost, so only the
+of a mode that the bucket's evidence already puts ahead, not yet beyond the
+noise (its paired samples; before it has 8, its interval EMAs, within
+``switch_overhead``): those are expected to gain, not to cost, so only the
 ``explore_cost`` bound below limits them, and a close call is resolved in
 hundreds of steps instead of the thousands the budget would take. A bucket's
 horizon doubles each time it is probed while its winner is clear (and is
