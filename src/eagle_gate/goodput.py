@@ -510,7 +510,7 @@ class Goodput:
             if self._evidence(idx, home):
                 return self._switch(_PLAIN if home is _SPEC else _SPEC, step, idx)
             return home
-        # the paired test of _evidence, inlined (the hot path)
+        # the paired test of _evidence, inlined (the hot path; _stay_gain)
         g = self._log_am - self._lr[idx]
         if home is _PLAIN:
             g = -g  # the gain of staying
@@ -557,13 +557,11 @@ class Goodput:
                 beyond = self._npool < 2 or gain * gain > _Z2 * se2
             self._clear[k] = gain > m and beyond
             return gain < -m and beyond
-        g = self._log_am - self._lr[k]
+        g = self._stay_gain(k, home, self._log_am)
         # (z * standard error)^2: the paired ratios' part is kept up to date
         # by _pair, the acceptance's by observe
         z2se2 = self._lz[k] + self._acc_z2se2
         c = self._resync_c
-        if home is _PLAIN:
-            g = -g  # the gain of staying
         # leave: the other mode ahead by more than the resync, beyond the noise
         d = -g - c
         if d > 0.0 and d * d > z2se2:
@@ -576,6 +574,13 @@ class Goodput:
             self._clear[k] = False
             self._horizon[k] = 0
         return False
+
+    def _stay_gain(self, k: int, home: Mode, log_acc: float) -> float:
+        """Log gain in tokens/s of staying in ``home`` over the other mode in
+        bucket ``k``, from its paired step-time ratios and acceptance
+        ``exp(log_acc)`` (``decide`` inlines it for ``_log_am``)."""
+        g = log_acc - self._lr[k]  # SPEC's gain over PLAIN
+        return -g if home is _PLAIN else g
 
     def _leading(self, k: int, home: Mode) -> bool:
         """Whether bucket ``k``'s paired evidence puts the mode not being
@@ -593,10 +598,7 @@ class Goodput:
             # (PLAIN probes tell nothing of acceptance: from SPEC they help
             # only while the step-time ratio is the larger uncertainty)
             return False
-        g = self._log_am - self._lr[k]
-        if home is _PLAIN:
-            g = -g  # the gain of staying
-        d = -g - self._resync_c  # the other mode's lead
+        d = -self._stay_gain(k, home, self._log_am) - self._resync_c  # its lead
         return d > 0.0 and d * d <= lz + az
 
     def _leading_ema(self, k: int, home: Mode) -> bool:
@@ -625,10 +627,7 @@ class Goodput:
         decision, is no reason to re-probe a clear winner sooner."""
         if self._ln[k] < _LN_MIN or acc <= 0.0:
             return False
-        g = _log(acc) - self._lr[k]
-        if self._home is _PLAIN:
-            g = -g  # the gain of staying
-        d = g + self._resync_c
+        d = self._stay_gain(k, self._home, _log(acc)) + self._resync_c
         return d > 0.0 and d * d > self._lz[k] + self._acc_z2se2
 
     def _ema_noise(self, k: int) -> float:
