@@ -185,6 +185,13 @@ def context_bucket(mean_ctx: int) -> int:
     return c if c < N_CONTEXT_BUCKETS else N_CONTEXT_BUCKETS - 1
 
 
+#: batch buckets of batch sizes up to 4095, and the index offsets
+#: (context_bucket x N_BATCH_BUCKETS) of mean contexts up to 64k tokens in
+#: units of 1024: ``decide`` (the hot path) looks them up
+_BATCH_BUCKET = tuple(batch_bucket(b) for b in range(4096))
+_CONTEXT_OFFSET = tuple(context_bucket(k << 10) * _NB for k in range(64))
+
+
 class Goodput:
     """Run whichever of SPEC and PLAIN is measured to emit more tokens/second."""
 
@@ -238,7 +245,7 @@ class Goodput:
         "_av",
         "_log_am",
         "_chunk_tok",
-        "_chunk_req",
+        "_chunk_n0",
         "_chunk_n",
         "_probe_tok",
         "_probe_req",
@@ -251,6 +258,9 @@ class Goodput:
         "_npool",
         "_probe_len",
         "_probe_free",
+        "_vgen",
+        "_vseen",
+        "_warm",
         "switches",
     )
 
@@ -322,8 +332,9 @@ class Goodput:
         self._av = 0.0  # per-request variance of the accept length
         self._log_am = 0.0
         # SPEC outcomes not yet in the slow acceptance estimate
+        # (the chunk's requests are _n_acc - _chunk_n0)
         self._chunk_tok = 0
-        self._chunk_req = 0
+        self._chunk_n0 = 0
         self._chunk_n = 0
         # tokens and requests of recent probes' SPEC steps (see
         # _slow_acceptance)
@@ -337,6 +348,12 @@ class Goodput:
         self._npool = 0
         self._probe_len = self.probe_steps
         self._probe_free = False  # the running probe is not charged to the budget
+        # the paired test's verdict "stay" per bucket holds while its inputs
+        # (acceptance, the bucket's pairs, the resync, the home mode) do not
+        # change: a bucket whose _vseen equals _vgen skips the test
+        self._vgen = 0
+        self._vseen = [-1] * n
+        self._warm = [False] * n  # the bucket has samples of both modes (_cold)
         #: number of home-mode switches so far (for reporting).
         self.switches = 0
 
@@ -431,21 +448,14 @@ class Goodput:
         self._decided += 1
         if self._credit < self._credit_cap:
             self._credit += self.max_explore_share
-        # bucket (inlined batch_bucket / context_bucket for speed)
-        if b < 4:
-            bi = b if b > 0 else 0
-        else:
-            bl = b.bit_length()
-            bi = 2 * bl - 2 + ((b >> (bl - 2)) & 1)
-            if bi >= _NB:
-                bi = _NB - 1
+        # bucket: context_bucket(mean context) * _NB + batch_bucket(b), looked
+        # up for speed (sizes and lengths are never negative)
         # unknown lengths (StepView contract): the shortest context bucket
         total = view.seq_len_sum
         mc = total // b if total is not None and b > 0 else 0
-        c = ((mc >> 10).bit_length() + 1) >> 1
-        if c >= N_CONTEXT_BUCKETS:
-            c = N_CONTEXT_BUCKETS - 1
-        idx = c * _NB + bi
+        k = mc >> 10
+        idx = _CONTEXT_OFFSET[k] if k < 64 else context_bucket(mc) * _NB
+        idx += _BATCH_BUCKET[b] if b < 4096 else batch_bucket(b)
         r = step & _RING_MASK
         self._ring_step[r] = step
         self._ring_idx[r] = idx
@@ -470,11 +480,11 @@ class Goodput:
             self._probe_left = 0
 
         home = self._home
-        np_ = self._np[idx]
-        ns = self._ns[idx]
-        if np_ == 0 or ns == 0 or self._n_acc == 0:
+        if not self._warm[idx] and self._cold(idx):
             # cold bucket: first the home mode gets its sample (for free), then
             # a probe measures the other one
+            np_ = self._np[idx]
+            ns = self._ns[idx]
             home_n = ns if home is _SPEC else np_
             if home_n == 0 or (home is _SPEC and self._n_acc == 0):
                 # under heavy load prefills between steps void most intervals;
@@ -506,6 +516,9 @@ class Goodput:
                 return self._start_probe(_SPEC if home is _PLAIN else _PLAIN, idx)
         if step - self._switch_step < self._dwell:
             return home
+        gen = self._vgen
+        if self._vseen[idx] == gen:  # the test's inputs unchanged: stay
+            return home
         if self._ln[idx] < _LN_MIN:
             if self._evidence(idx, home):
                 return self._switch(_PLAIN if home is _SPEC else _SPEC, step, idx)
@@ -526,7 +539,17 @@ class Goodput:
         elif self._clear[idx]:  # no longer clear: probe again when affordable
             self._clear[idx] = False
             self._horizon[idx] = 0
+        self._vseen[idx] = gen
         return home
+
+    def _cold(self, idx: int) -> bool:
+        """Whether bucket ``idx`` still lacks a sample of either mode (or
+        acceptance has none); once it has all three it stays warm (sample
+        counts only grow), and ``decide`` checks only the flag."""
+        if self._np[idx] and self._ns[idx] and self._n_acc:
+            self._warm[idx] = True
+            return False
+        return True
 
     def _evidence(self, k: int, home: Mode) -> bool:
         """Whether bucket ``k`` says: leave ``home``. With paired samples, the
@@ -544,8 +567,17 @@ class Goodput:
             if home is _PLAIN:
                 gain = -gain
             m = self.switch_overhead
+            if -m <= gain <= m:  # within the margin either way: no switch,
+                self._clear[k] = False  # not clear, whatever the noise
+                self._vseen[k] = -1
+                return False
             # the noise of one interval (pooled) over the EMAs' samples
-            se2 = self._ema_noise(k)
+            # (_ema_noise, inlined: this runs every step of such a bucket)
+            np_ = self._np[k]
+            ns = self._ns[k]
+            se2 = self._vpool * (
+                1.0 / (np_ if np_ < 19 else 19) + 1.0 / (ns if ns < 19 else 19)
+            )
             if self._aw <= 0.0:
                 # no acceptance estimate beyond a few SPEC steps yet: its
                 # spread (a prior per request) counts too, so that a few
@@ -556,6 +588,7 @@ class Goodput:
             else:
                 beyond = self._npool < 2 or gain * gain > _Z2 * se2
             self._clear[k] = gain > m and beyond
+            self._vseen[k] = -1
             return gain < -m and beyond
         g = self._stay_gain(k, home, self._log_am)
         # (z * standard error)^2: the paired ratios' part is kept up to date
@@ -767,6 +800,7 @@ class Goodput:
     def _switch(self, mode: Mode, step: int, idx: int) -> Mode:
         self._home = mode
         self._switch_step = step
+        self._vgen += 1
         self._horizon[idx] = self.stale_steps
         self.switches += 1
         return mode
@@ -795,20 +829,24 @@ class Goodput:
             # says less about acceptance than one of a large batch
             n = self._n_acc + b
             self._n_acc = n
-            a = b / n if n * alpha < b else alpha * (b if b < 8 else 8) * 0.125
-            x = outcome.tokens / b
-            acc = self._acc + a * (x - self._acc)
+            if b >= 8 and n * alpha >= b:
+                a = alpha
+            else:
+                a = b / n if n * alpha < b else alpha * b * 0.125
+            tokens = outcome.tokens
+            acc = self._acc
+            acc += a * (tokens / b - acc)
             self._acc = acc
             # the slow estimate, in chunks of a few SPEC steps (cheaper)
-            t = self._chunk_tok + outcome.tokens
-            q = self._chunk_req + b
+            t = self._chunk_tok + tokens
             m = self._chunk_n + 1
             if m < _ACC_CHUNK and not probe:
                 self._chunk_tok = t
-                self._chunk_req = q
                 self._chunk_n = m
             else:
-                self._chunk_tok = self._chunk_req = self._chunk_n = 0
+                self._chunk_tok = self._chunk_n = 0
+                q = n - self._chunk_n0
+                self._chunk_n0 = n
                 self._slow_acceptance(t, q, acc, a, b, idx, probe)
             if dt is None or dt <= 0.0:
                 return
@@ -902,6 +940,7 @@ class Goodput:
                 if self._clear[idx] and not self._stands(idx, pt / pq):
                     self._clear[idx] = False
                     self._horizon[idx] = 0
+                    self._vseen[idx] = -1
             elif d * d < v:  # in line with the estimate: start afresh
                 self._probe_tok = self._probe_req = 0
         self._am = am
@@ -910,6 +949,7 @@ class Goodput:
         if am > 0.0:
             self._log_am = _log(am)
             self._acc_z2se2 = _Z2 * av / (w * am * am)
+            self._vgen += 1
 
     def _pair(self, idx: int, x: float) -> None:
         """One paired sample of log(ts / tp) in a bucket: a probe's interval
@@ -922,6 +962,7 @@ class Goodput:
         m = self._lr[idx]
         d = x - m
         self._lr[idx] = m + a * d
+        self._vseen[idx] = -1
         self._lv[idx] = (1.0 - a) * (self._lv[idx] + a * d * d)
         if n > 1:  # the pooled variance of a sample around its bucket's mean
             k = self._npool + 1
@@ -947,6 +988,7 @@ class Goodput:
         self._resync_rel += a * (rel - self._resync_rel)
         self._resync_c = self._resync_rel / self.stale_steps
         self._dwell = self._compute_dwell()
+        self._vgen += 1
 
 
 GOODPUT_SETTINGS = {
