@@ -8,6 +8,7 @@ import pytest
 
 from eagle_gate.goodput import (
     GOODPUT_SETTINGS,
+    N_BATCH_BUCKETS,
     Goodput,
     batch_bucket,
     context_bucket,
@@ -31,7 +32,8 @@ def drive(
     start=0,
 ):
     """Run ``steps`` decode steps; outcomes arrive one step late. ``batch``,
-    ``t_plain``, ``t_spec`` and ``acc`` may be callables of the step."""
+    ``t_plain``, ``t_spec``, ``acc`` and ``resync`` may be callables of the
+    step."""
     view = StepView(num_draft_tokens=4)
     modes = []
     pending = None
@@ -47,7 +49,10 @@ def drive(
         ts = t_spec(i) if callable(t_spec) else t_spec
         a = acc(i) if callable(acc) else acc
         if mode is Mode.SPEC:
-            dt = ts + (resync if prev is Mode.PLAIN else 0.0)
+            if prev is Mode.PLAIN:
+                dt = ts + (resync(i) if callable(resync) else resync)
+            else:
+                dt = ts
             # the contract: tokens == sum(accept_lens), each in 1..k
             tokens = max(b, min(4 * b, round(a * b)))
             q, extra = divmod(tokens, b)
@@ -322,6 +327,87 @@ def test_probe_acceptance_reopens_a_clear_bucket_only_if_it_could_flip_it():
     assert pol._stands(idx, 2.2)
     assert not pol._stands(idx, 3.5)
     assert not pol._stands(batch_bucket(64), 2.0)  # no paired evidence there
+
+
+class _UncachedGoodput(Goodput):
+    """Goodput without its shortcuts: the paired test runs on every step (its
+    cached verdict never holds) and every bucket is re-checked for warmth."""
+
+    __slots__ = ()
+
+    def decide(self, view):
+        self._vgen += 1
+        self._warm[:] = [False] * len(self._warm)
+        return super().decide(view)
+
+
+def _close_call_moving(seed):
+    """A close call with noise, batch sizes moving across buckets,
+    acceptance dropping, then rising again, and the resync changing."""
+    tp, ts, _ = noisy_close_call(0.02, seed=seed)
+
+    def acc(i):
+        return 2.2 if i < 5000 or i >= 9000 else 1.7
+
+    def batch(i):
+        return 4 + (i // 50) % 60
+
+    def resync(i):  # the draft's catch-up gets dearer, then cheaper
+        return 0.002 if i < 3000 else 0.03 if i < 7000 else 0.0005
+
+    return batch, tp, ts, acc, resync
+
+
+def _crossover_back_and_forth(seed):
+    """SPEC clearly ahead at batch 2, PLAIN at batch 128, the batch moving
+    between the two every 40 + seed steps: the home mode switches in one
+    bucket and must be re-tested in the other."""
+
+    def batch(i):
+        return 2 if (i // (40 + seed)) % 2 == 0 else 128
+
+    def t_spec(i):
+        return 0.009 + 0.0008 * batch(i)
+
+    def t_plain(i):
+        return 0.006 + 0.0001 * batch(i)
+
+    return batch, t_plain, t_spec, 3.0, 0.002
+
+
+class _WatchedGoodput(Goodput):
+    """Goodput counting the steps whose bucket's cached verdict is current."""
+
+    __slots__ = ("verdict_current",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.verdict_current = 0
+
+    def decide(self, view):
+        b = view.batch_size
+        idx = context_bucket(view.seq_len_sum // b) * N_BATCH_BUCKETS
+        idx += batch_bucket(b)
+        self.verdict_current += self._vseen[idx] == self._vgen
+        return super().decide(view)
+
+
+@pytest.mark.parametrize("scenario", [_close_call_moving, _crossover_back_and_forth])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_shortcuts_do_not_change_decisions(scenario, seed):
+    # decide skips the paired test while none of its inputs changed, and
+    # the cold-bucket check once a bucket is warm: decisions must be the
+    # same, step for step, as without those shortcuts
+    batch, tp, ts, acc, resync = scenario(seed)
+    cached = _WatchedGoodput()
+    modes = drive(cached, 12000, batch, tp, ts, acc, resync=resync, none_every=4)
+    uncached = _UncachedGoodput()
+    assert (
+        drive(uncached, 12000, batch, tp, ts, acc, resync=resync, none_every=4) == modes
+    )
+    assert cached.switches == uncached.switches > 0
+    # the shortcut was there to take on many steps
+    assert cached.verdict_current > 1000, cached.verdict_current
 
 
 def test_estimates_contract_and_predicted_plain_rate():
