@@ -14,7 +14,10 @@ mode with the larger rate.
 Switching: evidence, not a single estimate, and the same rule both ways.
 Every probe step (see Exploration) gives a *paired* sample of the step-time
 ratio ``log(ts / tp)`` in its bucket: the probe's interval against the current
-EMA of the mode being run, so drifts of batch and context cancel. Per bucket
+EMA of the mode being run, so drifts of batch and context cancel. That EMA must
+be fresh: a probe starts in a bucket only if the mode being run ran there
+within the last 16 steps, and a step is paired only with an EMA updated within
+48 (else all its pairs would share the EMA's old error). Per bucket
 the policy keeps the mean and variance of these samples (weight ``1/n`` down to
 1/128, so up to ~255 samples count; a bucket's variance is shrunk towards the
 variance pooled over all buckets while it has few samples); acceptance has a
@@ -167,6 +170,16 @@ _LONG_PROBE = 4
 #: SPEC outcomes folded into the slow acceptance estimate at once (probe
 #: steps at once).
 _ACC_CHUNK = 8
+#: a probe starts in a bucket only if the home mode ran there within this
+#: many steps, and a probe step is paired only with an EMA updated within
+#: _PAIR_FRESH steps (more than a probe can last, started fresh): pairs
+#: against a stale EMA all carry its error, which their spread does not show.
+#: A batch that sits at a bucket's edge (say 31, sometimes 32) probes the rare
+#: bucket without running home there; its pairs, all against a PLAIN EMA
+#: 2,000 steps old, were 8% off and put a 3% loser 4% ahead, and the policy
+#: flapped between the two buckets' decisions.
+_PROBE_FRESH = 16
+_PAIR_FRESH = 48
 #: requests behind the slow acceptance estimate (at most).
 _ACC_WINDOW = 8192.0
 #: the slow acceptance follows the fast one when they differ by more than
@@ -514,8 +527,14 @@ class Goodput:
                 return self._switch(_PLAIN if home is _SPEC else _SPEC, step, idx)
             return home
         other_last = self._last_s[idx] if home is _PLAIN else self._last_p[idx]
-        if step - other_last > self._horizon[idx] and (
-            self._credit >= self.probe_steps or self._leading(idx, home)
+        # a probe's steps are paired with the home mode's interval EMA in the
+        # bucket, so that must be fresh (home ran here lately), or every pair
+        # would share its old error; else home runs, and the probe comes later
+        if (
+            step - other_last > self._horizon[idx]
+            and step - (self._last_p[idx] if home is _PLAIN else self._last_s[idx])
+            <= _PROBE_FRESH
+            and (self._credit >= self.probe_steps or self._leading(idx, home))
         ):
             if self._probe_due(idx, home, step - other_last):
                 return self._start_probe(_SPEC if home is _PLAIN else _PLAIN, idx)
@@ -883,7 +902,7 @@ class Goodput:
             ts = self._ts[idx]
             ts += a * (dt - ts)
             self._ts[idx] = ts
-            if probe and self._np[idx]:
+            if probe and self._np[idx] and step - self._last_p[idx] <= _PAIR_FRESH:
                 self._pair(idx, math.log(dt / self._tp[idx]))
             if self._pending_first >= 0.0 and self._pending_idx == idx:
                 self._note_resync(self._pending_first, ts)
@@ -898,7 +917,12 @@ class Goodput:
                 self._probe_got += 1
             a = 1.0 / n if n * alpha < 1.0 else alpha
             self._tp[idx] += a * (dt - self._tp[idx])
-            if probe and self._ns[idx] and not self._weak[idx]:
+            if (
+                probe
+                and self._ns[idx]
+                and not self._weak[idx]
+                and step - self._last_s[idx] <= _PAIR_FRESH
+            ):
                 self._pair(idx, math.log(self._ts[idx] / dt))
 
     def _slow_acceptance(
