@@ -591,17 +591,12 @@ class Goodput:
             if home is _PLAIN:
                 gain = -gain
             m = self.switch_overhead
+            self._vseen[k] = -1  # (decide's kept verdict is the paired test's)
             if -m <= gain <= m:  # within the margin either way: no switch,
                 self._clear[k] = False  # not clear, whatever the noise
-                self._vseen[k] = -1
                 return False
             # the noise of one interval (pooled) over the EMAs' samples
-            # (_ema_noise, inlined: this runs every step of such a bucket)
-            np_ = self._np[k]
-            ns = self._ns[k]
-            se2 = self._vpool * (
-                1.0 / (np_ if np_ < 19 else 19) + 1.0 / (ns if ns < 19 else 19)
-            )
+            se2 = self._ema_noise(k)
             if self._aw <= 0.0:
                 # no acceptance estimate beyond a few SPEC steps yet: its
                 # spread (a prior per request) counts too, so that a few
@@ -612,7 +607,6 @@ class Goodput:
             else:
                 beyond = self._npool < 2 or gain * gain > _Z2 * se2
             self._clear[k] = gain > m and beyond
-            self._vseen[k] = -1
             return gain < -m and beyond
         g = self._stay_gain(k, home, self._log_am)
         # (z * standard error)^2: the paired ratios' part is kept up to date
@@ -853,7 +847,7 @@ class Goodput:
             # says less about acceptance than one of a large batch
             n = self._n_acc + b
             self._n_acc = n
-            if b >= 8 and n * alpha >= b:
+            if b >= 8 and n * alpha >= b:  # the usual case, first
                 a = alpha
             else:
                 a = b / n if n * alpha < b else alpha * b * 0.125
@@ -969,15 +963,16 @@ class Goodput:
                 if self._clear[idx] and not self._stands(idx, pt / pq):
                     self._clear[idx] = False
                     self._horizon[idx] = 0
-                    self._vseen[idx] = -1
             elif d * d < v:  # in line with the estimate: start afresh
                 self._probe_tok = self._probe_req = 0
         self._am = am
         self._aw = w
         self._av = av
-        if am > 0.0:
+        if am > 0.0:  # (always, once a SPEC step was folded)
             self._log_am = _log(am)
             self._acc_z2se2 = _Z2 * av / (w * am * am)
+            # a new generation: the paired test's acceptance moved, and a
+            # bucket's clear flag may have been reset above
             self._vgen += 1
 
     def _pair(self, idx: int, x: float) -> None:
