@@ -8,8 +8,8 @@ import pytest
 
 from eagle_gate.goodput import (
     GOODPUT_SETTINGS,
-    N_BATCH_BUCKETS,
     Goodput,
+    _bucket_index,
     batch_bucket,
     context_bucket,
     eagle_gate_policies,
@@ -407,8 +407,7 @@ class _WatchedGoodput(Goodput):
 
     def decide(self, view):
         b = view.batch_size
-        idx = context_bucket(view.seq_len_sum // b) * N_BATCH_BUCKETS
-        idx += batch_bucket(b)
+        idx = _bucket_index(b, view.seq_len_sum // b)
         self.verdict_current += self._vseen[idx] == self._vgen
         return super().decide(view)
 

@@ -203,6 +203,12 @@ def context_bucket(mean_ctx: int) -> int:
     return c if c < N_CONTEXT_BUCKETS else N_CONTEXT_BUCKETS - 1
 
 
+def _bucket_index(batch_size: int, mean_ctx: int) -> int:
+    """The flat index of a (context, batch) bucket in the per-bucket arrays
+    (``decide`` looks the two up instead, for speed)."""
+    return context_bucket(mean_ctx) * _NB + batch_bucket(batch_size)
+
+
 #: batch buckets of batch sizes up to 4095, and the index offsets
 #: (context_bucket x N_BATCH_BUCKETS) of mean contexts up to 64k tokens in
 #: units of 1024: ``decide`` (the hot path) looks them up
@@ -394,7 +400,7 @@ class Goodput:
 
     def bucket_estimates(self, batch_size: int, mean_ctx: int = 0) -> tuple:
         """(tp, ts, acc, n_plain, n_spec) of a bucket, for tests and reports."""
-        i = context_bucket(mean_ctx) * _NB + batch_bucket(batch_size)
+        i = _bucket_index(batch_size, mean_ctx)
         return (self._tp[i], self._ts[i], self._acc, self._np[i], self._ns[i])
 
     def estimates(self) -> dict[str, float]:
@@ -436,12 +442,11 @@ class Goodput:
             b = view.batch_size
             if b <= 0:
                 return None
-            bi = batch_bucket(b)
             total = view.seq_len_sum
-            c = context_bucket(total // b if total is not None else 0)
+            k = _bucket_index(b, total // b if total is not None else 0)
+            bi = k % _NB
             np_ = self._np
             tp = self._tp
-            k = c * _NB + bi
             if np_[k] and tp[k] > 0.0:
                 return b / tp[k]
             if bi > 0 and np_[k - 1] and tp[k - 1] > 0.0:
