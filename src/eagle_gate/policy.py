@@ -213,6 +213,14 @@ class StepOutcome:
     interval_s: float | None
     #: the step counter of the decision that produced this outcome.
     step: int
+    #: PLAIN steps with eager draft sync only: how many of the batch's
+    #: requests had the draft's top proposal for this position equal to the
+    #: token the target emitted. The draft is kept in sync during PLAIN
+    #: stretches, so each PLAIN step is a free sample of first-position
+    #: acceptance (a SPEC step accepts its first draft token exactly when this
+    #: agreement holds). None where it is not measured: SPEC steps, lazy and
+    #: none draft sync, adapters and replays without it.
+    draft_matches: int | None = None
 
 
 @runtime_checkable
