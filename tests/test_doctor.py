@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from eagle_gate import adapters, cli, plugins
-from eagle_gate.adapters._base import DP_ATTENTION_REFUSAL, PP_REFUSAL
+from eagle_gate.adapters.hooks import SCHEDULER_ENTRY_TARGET
+from eagle_gate.adapters.refusals import DP_ATTENTION_REFUSAL, PP_REFUSAL
 from eagle_gate.config import ConfigError, resolve_config
 
 VERSION = adapters.installed_sglang_version()
@@ -146,7 +147,7 @@ def test_an_untested_sglang_is_ok_when_allowed_and_the_targets_fit(capsys, monke
 @pytest.mark.parametrize("change", ["missing", "other signature"])
 def test_a_missing_or_changed_patch_target(capsys, monkeypatch, change):
     if change == "missing":
-        target = ADAPTER.SCHEDULER_ENTRY_TARGET
+        target = SCHEDULER_ENTRY_TARGET  # checked by every adapter
         module = importlib.import_module(target.module)
         monkeypatch.delattr(module, target.qualname)
         words = "does not exist"

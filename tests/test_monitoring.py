@@ -55,16 +55,15 @@ class P:
     def estimates(self): return {"gain": 1.25}
 
 rt = GateRuntime(GateConfig("threshold"), P(), sglang_version="9.9", adapter="a",
-                 plain_step_available=False)
-rt.decision_log = DecisionLog(f"{log_dir}/d.jsonl", max_per_s=1,
-                              clock=lambda: 100.0)
+                 decision_log=DecisionLog(f"{log_dir}/d.jsonl", max_per_s=1,
+                                          clock=lambda: 100.0))
 metrics = GateMetrics(rt, dp_rank=None, gated=True)
 ops = OpsService(rt, status_dir, {}, gated=True, settings=OpsSettings(),
                  metrics=metrics, launch_id="probe")
 for i in range(5):
     rt.decide(4, 100)
     rt.observe(Mode.SPEC, i, [3, 1, 2, 1])
-rt.count_draft_extend("eager")
+rt.counters.count_draft_extend("eager")
 ops.record_failure("status", OSError("disk full"))
 ops.write_status()
 ops.run_once()

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from support.metrics_probe import scrape_lines
+from support.plain_stub import OPEN_PLAIN_STEP
 from support.two_ranks import run_two_ranks
 
 from eagle_gate.config import ENV_RESOLVED, GateConfig
@@ -47,7 +48,7 @@ class Fixed:
 
 
 def make(policy=None, **kwargs):
-    kwargs.setdefault("plain_step_available", True)
+    kwargs.setdefault("plain_step", OPEN_PLAIN_STEP)
     return GateRuntime(
         GateConfig("threshold", {}),
         policy or Fixed(),
@@ -63,8 +64,8 @@ def test_slow_decisions_are_counted_with_an_injected_timer(caplog):
     rt = make(timer=lambda: next(ticks), decide_budget_s=0.001)
     for _ in range(3):
         assert rt.decide(2, 10)[0] is Mode.PLAIN
-    assert rt.slow_decisions == 2
-    assert rt.max_decide_s == pytest.approx(0.010)
+    assert rt.counters.slow_decisions == 2
+    assert rt.counters.max_decide_s == pytest.approx(0.010)
     assert rt.status()["slow_decisions"] == 2
     assert sum("to decide" in r.message for r in caplog.records) == 1
 
@@ -93,13 +94,13 @@ def test_plain_step_failure_runs_the_stock_step_and_degrades_after_k(caplog):
         ("plain", "b1"),
         Mode.PLAIN,
     )
-    assert rt.consecutive_plain_failures == 0 and rt.degraded is None
+    assert rt.counters.consecutive_plain_failures == 0 and rt.degraded is None
     for i in (2, 3):
         rt.decide(1, 1)
         rt.run_plain_step(plain_bad, (None, i), {}, stock, (i,), {})
     assert rt.degraded and "2 times in a row" in rt.degraded
-    assert rt.plain_step_failures == 3 and calls == ["b0", 2, 3]
-    assert rt.overrides[Overrides.PLAIN_STEP_FAILED] == 3
+    assert rt.counters.plain_step_failures == 3 and calls == ["b0", 2, 3]
+    assert rt.counters.overrides[Overrides.PLAIN_STEP_FAILED] == 3
     assert rt.last_decisions()[-1] == {
         "step": 3,
         "batch_size": 1,
@@ -111,7 +112,7 @@ def test_plain_step_failure_runs_the_stock_step_and_degrades_after_k(caplog):
     assert rt.decide(3, 3)[0] is Mode.SPEC
     rt.observe(Mode.SPEC, 4, [1, 1, 1])
     assert rt.policy.decided == asked and rt.policy.observed == 0
-    assert rt.overrides[Overrides.DEGRADED] == 1
+    assert rt.counters.overrides[Overrides.DEGRADED] == 1
     status = rt.status()
     assert status["degraded"] is True and status["degraded_at_step"] == 4
     assert status["last_decisions"][-1]["decided"] == "not_asked"
@@ -138,7 +139,7 @@ def test_policy_errors_are_counted_by_reason():
     rt.decide(1, 1)
     rt.decide(1, 1)
     rt.observe(Mode.SPEC, 0, [2])
-    assert rt.policy_errors_by_reason == {
+    assert rt.counters.policy_errors_by_reason == {
         "decide_raised": 1,
         "decide_invalid": 1,
         "observe_raised": 1,
@@ -160,23 +161,22 @@ def test_dwells_are_recorded_when_the_mode_changes():
     rt = make()
     for mode in [Mode.SPEC] * 3 + [Mode.PLAIN] * 2 + [Mode.SPEC]:
         rt.observe(mode, 0, [1])
-    assert list(rt.finished_dwells) == [(0, 3), (1, 2)]
+    assert list(rt.counters.finished_dwells) == [(0, 3), (1, 2)]
     assert rt.status()["mode"] == "spec"
 
 
 def test_tick_runs_at_multiples_of_tick_every_and_its_errors_never_escape():
-    rt = make(tick_every=4)
     seen = []
 
-    def tick(step):
+    def tick(runtime, step):
         seen.append(step)
         if step == 4:
             raise OSError("disk gone")
 
-    rt.on_tick = tick
+    rt = make(tick_every=4, on_tick=tick)
     for _ in range(10):
         assert rt.decide(1, 1)[0] is Mode.PLAIN
-    assert seen == [0, 4, 8] and rt.tick_errors == 1
+    assert seen == [0, 4, 8] and rt.counters.tick_errors == 1
     with pytest.raises(ValueError):
         make(tick_every=3)
 
@@ -246,7 +246,6 @@ def test_requests_are_numbered_and_polled_cheaply(tmp_path):
 def test_ranks_apply_a_change_at_the_same_step(tmp_path):
     """Two ranks in one process: rank 0 reads the file; the stand-in broadcast
     hands rank 1 what rank 0 read at the same tick (as torch_broadcast does)."""
-    ranks = [make(tick_every=8, tp_rank=r, tp_size=2) for r in (0, 1)]
     channel = {}
 
     def broadcast_for(rank):
@@ -257,10 +256,17 @@ def test_ranks_apply_a_change_at_the_same_step(tmp_path):
 
         return broadcast
 
-    for r, rt in enumerate(ranks):
-        rt.on_tick = ControlAgreement(
-            rt, ControlFile(tmp_path), is_source=r == 0, broadcast=broadcast_for(r)
+    ranks = [
+        make(
+            tick_every=8,
+            tp_rank=r,
+            tp_size=2,
+            on_tick=ControlAgreement(
+                ControlFile(tmp_path), is_source=r == 0, broadcast=broadcast_for(r)
+            ),
         )
+        for r in (0, 1)
+    ]
     switched = {}
     for step in range(40):
         if step == 11:
@@ -284,7 +290,7 @@ def test_torch_broadcast_makes_two_processes_switch_at_the_same_step(tmp_path):
 def test_decision_log_records_and_rate_limit(tmp_path):
     now = [100.0]
     log = DecisionLog(tmp_path / "d.jsonl", max_per_s=3, clock=lambda: now[0])
-    rt = make(Fixed(Mode.PLAIN), plain_step_available=False)
+    rt = make(Fixed(Mode.PLAIN), plain_step=None)
     rt.decision_log = log
     log.start({"pid": 1, "policy": "fixed"})
     for i in range(5):
@@ -354,8 +360,11 @@ def test_idle_ops_round_applies_control_and_writes_status(tmp_path):
 
 
 def test_gated_ops_leave_control_to_the_hot_path(tmp_path):
-    rt = make(tick_every=4)
-    ops = OpsService(rt, tmp_path, {}, gated=True, settings=OpsSettings())
+    control = ControlFile(tmp_path)
+    rt = make(tick_every=4, on_tick=ControlAgreement(control, is_source=True))
+    ops = OpsService(
+        rt, tmp_path, {}, gated=True, settings=OpsSettings(), control=control
+    )
     write_request(tmp_path, validate_change({"policy": "never"}, BASE))
     ops.run_once()
     assert rt.config_version == 0  # the thread never switches a gating runtime
@@ -462,8 +471,7 @@ class P:
     def observe(self, outcome): pass
     def estimates(self): return {"gain": 1.25}
 
-rt = GateRuntime(GateConfig("threshold"), P(), sglang_version="9.9", adapter="a",
-                 plain_step_available=False)
+rt = GateRuntime(GateConfig("threshold"), P(), sglang_version="9.9", adapter="a")
 m = GateMetrics(rt, dp_rank=None, gated=True)
 for i in range(5):
     rt.decide(4, 100)

@@ -18,7 +18,8 @@ import pytest
 from support.two_ranks import run_two_ranks
 
 from eagle_gate import http_api
-from eagle_gate.adapters._base import ACTIVE, activate
+from eagle_gate.adapters.activation import ProcessInfo, activate
+from eagle_gate.adapters.hooks import ACTIVE
 from eagle_gate.config import ConfigError, GateConfig, resolve_config
 from eagle_gate.control import (
     ControlAgreement,
@@ -63,21 +64,23 @@ def fresh_active():
     yield
     if ACTIVE.ops is not None:
         ACTIVE.ops.stop()
-    ACTIVE.ops = ACTIVE.runtime = ACTIVE.gate = ACTIVE.plain_step = None
+    ACTIVE.ops = ACTIVE.runtime = ACTIVE.gate = None
 
 
 def idle_scheduler() -> GateRuntime:
     """What an idle scheduler process does at start (no speculation)."""
     return activate(
-        adapter_name="t",
-        sglang_version="t",
+        ProcessInfo(
+            adapter_name="t",
+            sglang_version="t",
+            tp_rank=0,
+            tp_size=1,
+            dp_rank=None,
+            num_draft_tokens=1,
+            speculative_algorithm=None,
+        ),
         gated=False,
         state="idle: test",
-        tp_rank=0,
-        tp_size=1,
-        dp_rank=None,
-        num_draft_tokens=1,
-        speculative_algorithm=None,
     )
 
 
@@ -534,10 +537,11 @@ import json, multiprocessing as mp, os, sys, time
 def scheduler(done):
     # SGLang's DP controller spawns schedulers (multiprocessing, spawn): a
     # grandchild of the HTTP process, inheriting its environment.
-    from eagle_gate.adapters._base import activate
-    rt = activate(adapter_name="t", sglang_version="t", gated=False, state="idle",
-                  tp_rank=0, tp_size=1, dp_rank=1, num_draft_tokens=1,
-                  speculative_algorithm=None)
+    from eagle_gate.adapters.activation import ProcessInfo, activate
+    rt = activate(ProcessInfo(adapter_name="t", sglang_version="t", tp_rank=0,
+                              tp_size=1, dp_rank=1, num_draft_tokens=1,
+                              speculative_algorithm=None),
+                  gated=False, state="idle")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not done.is_set():
         time.sleep(0.05)
@@ -699,13 +703,15 @@ def test_rank0_always_reaches_the_broadcast_with_an_int64(tmp_path, text):
         assert -(2**63) <= version < 2**63
         return version, conf
 
-    rt = make(tick_every=4)
-    rt.on_tick = ControlAgreement(
-        rt, ControlFile(tmp_path), is_source=True, broadcast=broadcast
+    rt = make(
+        tick_every=4,
+        on_tick=ControlAgreement(
+            ControlFile(tmp_path), is_source=True, broadcast=broadcast
+        ),
     )
     for _ in range(9):
         rt.decide(1, 1)
-    assert sent == [0, 0, 0] and rt.config_version == 0 and rt.tick_errors == 0
+    assert sent == [0, 0, 0] and rt.config_version == 0 and rt.counters.tick_errors == 0
 
 
 def test_rank0_broadcasts_even_when_reading_raises(tmp_path):
@@ -715,16 +721,17 @@ def test_rank0_broadcasts_even_when_reading_raises(tmp_path):
         def poll(self):
             raise MemoryError("no")
 
-    rt = make(tick_every=4)
-    rt.on_tick = ControlAgreement(
-        rt,
-        Broken(tmp_path),
-        is_source=True,
-        broadcast=lambda v, t: (sent.append(v), (v, t))[1],
+    rt = make(
+        tick_every=4,
+        on_tick=ControlAgreement(
+            Broken(tmp_path),
+            is_source=True,
+            broadcast=lambda v, t: (sent.append(v), (v, t))[1],
+        ),
     )
     for _ in range(5):
         rt.decide(1, 1)
-    assert sent == [0, 0] and rt.tick_errors == 0
+    assert sent == [0, 0] and rt.counters.tick_errors == 0
 
 
 def test_a_version_beyond_int64_never_hangs_the_other_ranks(tmp_path):

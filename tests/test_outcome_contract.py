@@ -9,6 +9,7 @@ corrects or rejects what a third-party adapter sends outside it (counted in
 from __future__ import annotations
 
 import pytest
+from support.plain_stub import OPEN_PLAIN_STEP
 
 from eagle_gate import Mode, StepView
 from eagle_gate.config import GateConfig
@@ -38,7 +39,7 @@ def runtime(policy, clock=None, k=4) -> GateRuntime:
         sglang_version="test",
         adapter="test",
         num_draft_tokens=k,
-        plain_step_available=True,
+        plain_step=OPEN_PLAIN_STEP,
         **kwargs,
     )
 
@@ -69,11 +70,11 @@ def test_plain_outcome_with_extra_tokens_is_corrected_and_counted():
     pol = Recorder()
     rt = runtime(pol)
     rt.observe(Mode.PLAIN, 0, [2, 1, 3])
-    assert rt.invalid_outcomes == 1
+    assert rt.counters.invalid_outcomes == 1
     (o,) = pol.seen
     assert o.tokens == 3 and list(o.accept_lens) == [1, 1, 1]
     assert_contract(o)
-    assert rt.tokens_by_mode == [0, 3]
+    assert rt.counters.tokens_by_mode == [0, 3]
 
 
 @pytest.mark.parametrize(
@@ -95,11 +96,11 @@ def test_outcomes_that_cannot_be_corrected_are_rejected(mode, lens):
     rt.observe(Mode.SPEC, 0, [2])
     rt.observe(mode, 1, lens)  # never raises
     rt.observe(Mode.SPEC, 2, [2])
-    assert rt.invalid_outcomes == 1
+    assert rt.counters.invalid_outcomes == 1
     assert [o.step for o in pol.seen] == [0, 2]
     # the interval after a rejected outcome is unknown
     assert pol.seen[1].interval_s is None
-    assert rt.steps_by_mode == [2, 0]
+    assert rt.counters.steps_by_mode == [2, 0]
 
 
 def test_unknown_draft_count_does_not_bound_spec_tokens():
@@ -128,8 +129,8 @@ def test_goodput_only_sees_contract_outcomes_through_the_runtime():
         if i % 50 == 7:  # a sloppy adapter
             lens = [2] * 8 if mode is Mode.PLAIN else [0] * 8
         rt.observe(mode, step, lens)
-    assert rt.invalid_outcomes == 4
-    assert rt.policy_errors == 0
+    assert rt.counters.invalid_outcomes == 4
+    assert rt.counters.policy_errors == 0
 
 
 def test_simulator_and_test_driver_keep_the_contract():

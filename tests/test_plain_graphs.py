@@ -19,22 +19,25 @@ from support.two_ranks import run_ranks
 
 from eagle_gate import launch
 from eagle_gate.adapters import sglang_0_5_9, sglang_0_5_23
-from eagle_gate.adapters._base import (
-    GateRefused,
-    PlainGraphs,
-    activate,
+from eagle_gate.adapters.activation import ProcessInfo, activate
+from eagle_gate.adapters.plain.capture import (
     build_plain_graphs,
-    draft_extend_path,
     plain_graph_blockers,
     plain_graphs_for_scheduler,
+)
+from eagle_gate.adapters.plain.graphs import (
+    PlainGraphs,
+    draft_extend_path,
     plain_target_forward,
     select_plain_path,
-    swap_attrs,
 )
+from eagle_gate.adapters.plain.tensors import swap_attrs
+from eagle_gate.adapters.refusals import GateRefused
 from eagle_gate.config import ConfigError, GateConfig, resolve_config
+from eagle_gate.counters import PLAIN_EAGER_REASONS
 from eagle_gate.doctor import _FIELDS
 from eagle_gate.policy import Mode
-from eagle_gate.runtime import PLAIN_EAGER_REASONS, GateRuntime
+from eagle_gate.runtime import GateRuntime
 
 
 def captured(capture_bs=(1, 2, 4, 8), *, disable_padding=False) -> PlainGraphs:
@@ -390,11 +393,11 @@ def test_status_has_the_plain_graph_fields_from_the_start():
     assert status["plain_path"] == {"graph": 0, "eager": 0}
     assert status["plain_eager_reasons"] == dict.fromkeys(PLAIN_EAGER_REASONS, 0)
     assert status["draft_extend_path"] == {"graph": 0, "eager": 0}
-    rt.count_plain_path("graph")
-    rt.count_plain_path("eager", "bs_above_max")
-    rt.count_draft_extend("eager")
-    rt.count_draft_extend("eager")
-    rt.count_draft_extend("graph")
+    rt.counters.count_plain_path("graph")
+    rt.counters.count_plain_path("eager", "bs_above_max")
+    rt.counters.count_draft_extend("eager")
+    rt.counters.count_draft_extend("eager")
+    rt.counters.count_draft_extend("graph")
     status = rt.status()
     assert status["plain_path"] == {"graph": 1, "eager": 1}
     assert status["plain_eager_reasons"]["bs_above_max"] == 1
@@ -406,15 +409,17 @@ def test_activation_links_the_graphs_to_the_runtime(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLE_GATE_METRICS", "0")
     graphs = PlainGraphs(setting="auto", reason="device_not_cuda")
     rt = activate(
-        adapter_name="t",
-        sglang_version="t",
+        ProcessInfo(
+            adapter_name="t",
+            sglang_version="t",
+            tp_rank=0,
+            tp_size=1,
+            dp_rank=None,
+            num_draft_tokens=4,
+            speculative_algorithm="EAGLE",
+        ),
         gated=True,
         state="gated",
-        tp_rank=0,
-        tp_size=1,
-        dp_rank=None,
-        num_draft_tokens=4,
-        speculative_algorithm="EAGLE",
         config=GateConfig("never", status_dir=str(tmp_path / "s")),
         plain_graphs=graphs,
     )
@@ -426,7 +431,7 @@ def test_activation_links_the_graphs_to_the_runtime(tmp_path, monkeypatch):
         graphs.count_draft_extend("eager")
         assert rt.status()["draft_extend_path"] == {"graph": 0, "eager": 1}
     finally:
-        from eagle_gate.adapters._base import ACTIVE
+        from eagle_gate.adapters.hooks import ACTIVE
 
         if ACTIVE.ops is not None:
             ACTIVE.ops.stop()
@@ -453,11 +458,11 @@ def test_metrics_export_path_counts_and_memory():
     assert m.plain_draft_extend["eager"]._value.get() == 0
     assert m.plain_graphs_captured._value.get() == 0
     for _ in range(3):
-        rt.count_plain_path("graph")
-    rt.count_plain_path("eager", "declined")
+        rt.counters.count_plain_path("graph")
+    rt.counters.count_plain_path("eager", "declined")
     for _ in range(2):
-        rt.count_draft_extend("graph")
-    rt.count_draft_extend("eager")
+        rt.counters.count_draft_extend("graph")
+    rt.counters.count_draft_extend("eager")
     rt.plain_graphs["memory_mib"] = 412.5
     rt.plain_graphs["state"] = "captured"
     m.export(rt)
@@ -469,7 +474,7 @@ def test_metrics_export_path_counts_and_memory():
     assert m.plain_draft_extend["graph"]._value.get() == 2
     assert m.plain_draft_extend["eager"]._value.get() == 1
     assert m.plain_graphs_captured._value.get() == 1
-    rt.count_draft_extend("eager")
+    rt.counters.count_draft_extend("eager")
     rt.plain_graphs["state"] = "failed"
     m.export(rt)
     assert m.plain_draft_extend["eager"]._value.get() == 2
@@ -556,7 +561,7 @@ def test_each_version_reads_its_own_layout(adapter):
             setattr(r, width_field, 4)
         return r
 
-    path = adapter.draft_extend_path_of
+    path = adapter.plain.draft_extend_path_of
     assert path(dext_worker(None), dext_batch(2)) == "eager"
     assert path(dext_worker(runner()), dext_batch(2)) == "graph"
     assert path(dext_worker(runner()), dext_batch(8)) == "graph"
@@ -631,7 +636,9 @@ def test_the_prediction_agrees_with_sglangs_own_check():
                         spec_info=SimpleNamespace(num_tokens_per_req=4),
                     )
                     sglang_says = "graph" if can_run(forward_batch) else "eager"
-                    assert adapter.draft_extend_path_of(worker, batch) == sglang_says, (
+                    assert (
+                        adapter.plain.draft_extend_path_of(worker, batch) == sglang_says
+                    ), (
                         disable_padding,
                         mlp_sync,
                         bs,
@@ -683,12 +690,12 @@ def test_the_adapters_draft_extend_counts_the_path_it_takes(monkeypatch):
     graphs = PlainGraphs()
     counted = []
     graphs.on_draft_extend = counted.append
-    adapter._draft_extend(worker, dext_batch(4), "r1", graphs)
-    adapter._draft_extend(worker, dext_batch(9), "r2", graphs)
-    adapter._draft_extend(worker, dext_batch(2), "r3")  # no graphs: not counted
+    adapter.plain._draft_extend(worker, dext_batch(4), "r1", graphs)
+    adapter.plain._draft_extend(worker, dext_batch(9), "r2", graphs)
+    adapter.plain._draft_extend(worker, dext_batch(2), "r3")  # no graphs: not counted
     assert ran == ["r1", "r2", "r3"]
     assert counted == ["graph", "eager"]
-    lazy = adapter.make_plain_step("lazy", graphs=graphs)
+    lazy = adapter.plain.make_plain_step("lazy", graphs=graphs)
     lazy._draft_extend(worker, dext_batch(2), "r4")
     assert counted == ["graph", "eager", "graph"]
 
@@ -697,14 +704,14 @@ def test_the_adapters_draft_extend_counts_the_path_it_takes(monkeypatch):
 
     worker.draft_worker._draft_extend_for_decode = boom
     with pytest.raises(RuntimeError):
-        adapter._draft_extend(worker, dext_batch(2), "r5", graphs)
+        adapter.plain._draft_extend(worker, dext_batch(2), "r5", graphs)
     assert counted == ["graph", "eager", "graph"]
 
 
 # -- the graph path and the eager path, per version --------------------------------
 @pytest.mark.parametrize("adapter", [sglang_0_5_9, sglang_0_5_23])
 def test_graph_and_eager_paths_bind_the_right_attribute(adapter):
-    attr = adapter.GRAPH_ATTR
+    attr = adapter.graphs.GRAPH_ATTR
     assert (
         attr
         == {sglang_0_5_9: "graph_runner", sglang_0_5_23: "decode_cuda_graph_runner"}[
@@ -756,7 +763,7 @@ def test_adapters_have_the_plain_graph_hooks(adapter):
         "build_plain_runner",
         "_plain_runner_cls",
     ):
-        assert hasattr(adapter, name), name
+        assert hasattr(adapter.graphs, name), name
     dotted = {t.dotted for t in adapter.TARGETS}
     assert any("_get_attention_backend" in d for d in dotted)
     assert any(d.endswith("__init__") and "CudaGraphRunner" in d for d in dotted)
@@ -770,8 +777,8 @@ def test_runner_subclass_pins_decode_width_one_and_last():
     )
 
     adapter = sglang_env.adapter()
-    cls = adapter._plain_runner_cls()
-    assert adapter._plain_runner_cls() is cls  # built once
+    cls = adapter.graphs._plain_runner_cls()
+    assert adapter.graphs._plain_runner_cls() is cls  # built once
     runner = cls.__new__(cls)  # no constructor: it would capture
     assert runner.capture_forward_mode == ForwardMode.DECODE
     runner.capture_forward_mode = ForwardMode.TARGET_VERIFY
@@ -790,10 +797,10 @@ def test_runner_subclass_pins_decode_width_one_and_last():
 def test_version_blockers_on_the_installed_sglang():
     adapter = sglang_env.adapter()
     server = SimpleNamespace(disable_cuda_graph=False)
-    mr = SimpleNamespace(**{adapter.GRAPH_ATTR: None})
-    assert adapter.version_blockers(mr, server) == "no_target_graphs"
+    mr = SimpleNamespace(**{adapter.graphs.GRAPH_ATTR: None})
+    assert adapter.graphs.version_blockers(mr, server) == "no_target_graphs"
     assert (
-        adapter.version_blockers(mr, SimpleNamespace(disable_cuda_graph=True))
+        adapter.graphs.version_blockers(mr, SimpleNamespace(disable_cuda_graph=True))
         == "cuda_graph_disabled"
     )
 
@@ -803,7 +810,7 @@ TWO_RANKS = r"""
 import datetime, json, sys
 from types import SimpleNamespace
 import torch.distributed as dist
-from eagle_gate.adapters._base import build_plain_graphs
+from eagle_gate.adapters.plain.capture import build_plain_graphs
 from eagle_gate.config import GateConfig
 
 rank, init = int(sys.argv[1]), sys.argv[2]

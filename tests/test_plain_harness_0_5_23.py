@@ -157,7 +157,7 @@ def test_commit_runs_the_real_resolver_and_advances_the_batch(harness, tiny_mode
     out = decode_one(harness, batch)
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
-    result = adapter.build_plain_result(
+    result = adapter.plain.build_plain_result(
         out.next_token_ids,
         stride=STRIDE,
         seq_lens=seq_lens,

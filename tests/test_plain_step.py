@@ -54,7 +54,7 @@ def test_plain_step_writes_one_kv_slot_at_seq_lens_and_returns_flat_result(
     spy = mocker.spy(harness.target.model_runner, "forward")
     before = kv_snapshot(harness)
 
-    result = adapter.plain_step(harness.worker, mwb, draft_sync="eager")
+    result = adapter.plain.plain_step(harness.worker, mwb, draft_sync="eager")
 
     # exactly one target KV slot per request, the one at position seq_lens
     assert changed_slots(before, kv_snapshot(harness)) == expected_slots
@@ -86,7 +86,7 @@ def test_eager_draft_sync_runs_the_draft_extend_over_the_flat_layout(harness, ad
     seq_lens = mwb.seq_lens.clone()
     rows = mwb.req_pool_indices.tolist()
     harness.draft.extend_calls.clear()
-    result = adapter.plain_step(harness.worker, mwb, draft_sync="eager")
+    result = adapter.plain.plain_step(harness.worker, mwb, draft_sync="eager")
     (call,) = harness.draft.extend_calls
     table = harness.req_to_token_pool.req_to_token
     expected_locs = [
@@ -113,7 +113,9 @@ def test_none_draft_sync_zero_fills_the_next_draft_input(harness, adapter):
     batch = harness.prefill(PROMPTS[:2])
     harness.prepare_for_decode(batch)
     harness.draft.extend_calls.clear()
-    result = adapter.plain_step(harness.worker, batch.get_model_worker_batch(), "none")
+    result = adapter.plain.plain_step(
+        harness.worker, batch.get_model_worker_batch(), "none"
+    )
     assert harness.draft.extend_calls == []
     nd = result.next_draft_input
     assert nd.topk_p.shape == (2, 1) and nd.topk_p.dtype == torch.float32
@@ -130,7 +132,7 @@ def test_next_draft_input_round_trips_through_the_real_future_map(harness, adapt
 
     future_map = FutureMap(8, 0, 2048, torch.device("cpu"), SpeculativeAlgorithm.EAGLE)
     batch = harness.prefill(PROMPTS[:2])
-    lazy = adapter.make_plain_step("lazy")
+    lazy = adapter.plain.make_plain_step("lazy")
     for run in ("spec", "plain-eager", "plain-none", "plain-lazy"):
         harness.prepare_for_decode(batch)
         mwb = batch.get_model_worker_batch()
@@ -139,7 +141,7 @@ def test_next_draft_input_round_trips_through_the_real_future_map(harness, adapt
         elif run == "plain-lazy":
             result = lazy.run(harness.worker, mwb)
         else:
-            result = adapter.plain_step(harness.worker, mwb, run.split("-")[1])
+            result = adapter.plain.plain_step(harness.worker, mwb, run.split("-")[1])
         indices = future_map.alloc_future_indices(2)
         future_map.store_to_map(indices, result)  # raises on a shape/dtype mismatch
         # resolve_future's indexing, without its CUDA-only record_stream call
@@ -168,7 +170,9 @@ def test_mode_switches_emit_exactly_the_plain_greedy_tokens(
         if mode == "spec":
             result = spec_step_stand_in(harness, mwb, 2)
         else:
-            result = adapter.plain_step(harness.worker, mwb, ("eager", "none")[i % 2])
+            result = adapter.plain.plain_step(
+                harness.worker, mwb, ("eager", "none")[i % 2]
+            )
         harness.commit(batch, result)
     n = 1 + 2 * 5 + 5 + 1  # prefill token, 5 SPEC steps of 2, 6 PLAIN steps of 1
     for req, prompt in zip(batch.reqs, PROMPTS, strict=True):
@@ -194,9 +198,9 @@ def test_blocker_names_what_the_plain_step_cannot_serve(
     batch = harness.prefill(PROMPTS[:1], **sampling)
     harness.prepare_for_decode(batch)
     mwb = batch.get_model_worker_batch()
-    assert adapter.plain_step_blocker(mwb) == reason
+    assert adapter.plain.plain_step_blocker(mwb) == reason
     mwb.return_logprob = True
-    assert adapter.plain_step_blocker(mwb) == "logprobs"
+    assert adapter.plain.plain_step_blocker(mwb) == "logprobs"
 
 
 def test_sampled_plain_step_follows_the_batch_sampling_parameters(harness, adapter):
@@ -204,10 +208,12 @@ def test_sampled_plain_step_follows_the_batch_sampling_parameters(harness, adapt
     hot temperature must still give the greedy token."""
     greedy = harness.prefill(PROMPTS[:1])
     harness.prepare_for_decode(greedy)
-    a = adapter.plain_step(harness.worker, greedy.get_model_worker_batch(), "none")
+    a = adapter.plain.plain_step(
+        harness.worker, greedy.get_model_worker_batch(), "none"
+    )
     hot = harness.prefill(PROMPTS[:1], temperature=5.0, top_k=1)
     harness.prepare_for_decode(hot)
-    b = adapter.plain_step(harness.worker, hot.get_model_worker_batch(), "none")
+    b = adapter.plain.plain_step(harness.worker, hot.get_model_worker_batch(), "none")
     assert a.next_token_ids[0] == b.next_token_ids[0]
 
 
@@ -236,7 +242,8 @@ def _eager_reference(harness, adapter, prompts, n):
     for _ in range(n):
         harness.prepare_for_decode(batch)
         harness.commit(
-            batch, adapter.plain_step(harness.worker, batch.get_model_worker_batch())
+            batch,
+            adapter.plain.plain_step(harness.worker, batch.get_model_worker_batch()),
         )
     calls = harness.draft.extend_calls
     hidden = torch.stack([c["hidden"][::STRIDE] for c in calls], dim=1)  # [bs, n, H]
@@ -253,7 +260,7 @@ def test_lazy_catch_up_covers_exactly_the_gap(harness, adapter, n_plain):
     from support.plain_harness import STRIDE
 
     hidden_ref, locs_ref = _eager_reference(harness, adapter, PROMPTS[:2], n_plain)
-    plain = adapter.make_plain_step("lazy")
+    plain = adapter.plain.make_plain_step("lazy")
     batch = harness.prefill(PROMPTS[:2])
     harness.draft.extend_calls.clear()
     tokens = _plain_steps(harness, plain, batch, n_plain)
@@ -293,7 +300,7 @@ def test_lazy_mode_switches_emit_exactly_the_plain_greedy_tokens(
 ):
     from support.plain_harness import hf_greedy, spec_step_stand_in
 
-    plain = adapter.make_plain_step("lazy")
+    plain = adapter.plain.make_plain_step("lazy")
     batch = harness.prefill(PROMPTS)
     schedule = ["spec"] * 2 + ["plain"] * 5 + ["spec"] * 2 + ["plain"] * 2 + ["spec"]
     for mode in schedule:
@@ -315,14 +322,14 @@ def test_lazy_buffer_is_reported_at_start_and_bounded(harness, adapter):
     step allocates, and a bound below it refuses the launch."""
     import types
 
-    from eagle_gate.adapters._base import GateRefused, check_lazy_buffer
+    from eagle_gate.adapters.refusals import GateRefused, check_lazy_buffer
     from eagle_gate.config import GateConfig
 
     scheduler = types.SimpleNamespace(draft_worker=harness.worker)
     server_args = types.SimpleNamespace(speculative_algorithm="EAGLE")
     config = GateConfig("goodput", draft_sync="lazy", lazy_max_mib=64)
     predicted = check_lazy_buffer(scheduler, server_args, config)
-    plain = adapter.make_plain_step("lazy")
+    plain = adapter.plain.make_plain_step("lazy")
     batch = harness.prefill(PROMPTS[:1])
     harness.prepare_for_decode(batch)
     plain.run(harness.worker, batch.get_model_worker_batch())
@@ -359,11 +366,11 @@ def test_plain_step_keeps_seq_lens_alive_on_the_forward_stream(
     forward = mocker.spy(harness.target.model_runner, "forward")
     forwards_before_keep = []
     keep = mocker.patch.object(
-        adapter,
+        adapter.plain,  # the version's plain-step module
         "keep_on_stream",
         side_effect=lambda t, s: forwards_before_keep.append(forward.call_count),
     )
-    adapter.plain_step(harness.worker, mwb, draft_sync="none")
+    adapter.plain.plain_step(harness.worker, mwb, draft_sync="none")
     (call,) = keep.call_args_list
     assert call.args[0] is seq_lens
     assert call.args[1] is torch.get_device_module("cpu").current_stream()
@@ -381,7 +388,7 @@ def test_the_patched_worker_called_as_the_scheduler_calls_it(
     in between through the stand-in verify), emitting transformers' tokens."""
     from support.plain_harness import hf_greedy, spec_step_stand_in
 
-    from eagle_gate.adapters._base import ACTIVE
+    from eagle_gate.adapters.hooks import ACTIVE
     from eagle_gate.config import GateConfig
     from eagle_gate.runtime import GateRuntime
 
@@ -394,11 +401,9 @@ def test_the_patched_worker_called_as_the_scheduler_calls_it(
         sglang_version="0.5.9",
         adapter=adapter.NAME,
         num_draft_tokens=4,
-        plain_step_available=True,
+        plain_step=adapter.plain.make_plain_step(draft_sync),
         req_len=adapter.committed_len,
     )
-    ACTIVE.plain_step = adapter.make_plain_step(draft_sync)
-    errors_before = ACTIVE.internal_errors
     try:
         batch = harness.prefill(PROMPTS)
         for mode in ["plain", "plain", "spec", "plain"]:
@@ -410,12 +415,11 @@ def test_the_patched_worker_called_as_the_scheduler_calls_it(
                 result = harness.worker.forward_batch_generation(mwb)
                 assert result.eagle_gate_mode.name == "PLAIN"
             harness.commit(batch, result)
-        assert ACTIVE.runtime.steps_by_mode[1] == 3
-        assert ACTIVE.runtime.plain_step_failures == 0
-        assert ACTIVE.internal_errors == errors_before
+        assert ACTIVE.runtime.counters.steps_by_mode[1] == 3
+        assert ACTIVE.runtime.counters.plain_step_failures == 0
+        assert ACTIVE.runtime.counters.internal_errors == 0
     finally:
         ACTIVE.runtime = None
-        ACTIVE.plain_step = None
         adapter.INSTRUMENTOR.uninstrument()
     n = 1 + 3 + 2
     for req, prompt in zip(batch.reqs, PROMPTS, strict=True):
@@ -433,7 +437,7 @@ def test_the_plain_steps_draft_extends_are_counted_by_path(
     prediction says graph (the stand-in draft runs the same either way)."""
     from types import SimpleNamespace
 
-    from eagle_gate.adapters._base import PlainGraphs
+    from eagle_gate.adapters.plain.graphs import PlainGraphs
 
     monkeypatch.setattr(
         harness.draft, "cuda_graph_runner_for_draft_extend", None, raising=False
@@ -445,13 +449,13 @@ def test_the_plain_steps_draft_extends_are_counted_by_path(
     for sync in ("eager", "none", "eager"):
         harness.prepare_for_decode(batch)
         mwb = batch.get_model_worker_batch()
-        result = adapter.plain_step(harness.worker, mwb, sync, None, graphs)
+        result = adapter.plain.plain_step(harness.worker, mwb, sync, None, graphs)
         harness.commit(batch, result)
     assert counted == ["eager", "eager"]
     harness.draft.cuda_graph_runner_for_draft_extend = SimpleNamespace(
         capture_bs=[1, 2], max_bs=2, disable_padding=False, require_mlp_sync=False
     )
-    lazy = adapter.make_plain_step("lazy", graphs=graphs)
+    lazy = adapter.plain.make_plain_step("lazy", graphs=graphs)
     _plain_steps(harness, lazy, batch, 2)
     assert counted == ["eager", "eager"]  # nothing for the draft yet
     harness.prepare_for_decode(batch)

@@ -38,7 +38,7 @@ def adapter():
 
 def run_plain(harness, adapter, batch, draft_sync="eager", on_publish=None):
     with harness.forward_isolation(batch):
-        return adapter.plain_step(harness.worker, batch, on_publish, draft_sync)
+        return adapter.plain.plain_step(harness.worker, batch, on_publish, draft_sync)
 
 
 def test_plain_step_writes_one_kv_slot_decodes_at_seq_lens_and_publishes(
@@ -160,9 +160,9 @@ def test_blocker_names_what_the_plain_step_cannot_serve(
     batch = harness.prefill(PROMPTS[:1], **sampling)
     harness.prepare_for_decode(batch)
     with harness.forward_isolation(batch):  # as the worker sees the batch
-        assert adapter.plain_step_blocker(batch) == reason
+        assert adapter.plain.plain_step_blocker(batch) == reason
         batch.return_logprob = True
-        assert adapter.plain_step_blocker(batch) == "logprobs"
+        assert adapter.plain.plain_step_blocker(batch) == "logprobs"
 
 
 def _lazy_plain_steps(harness, plain, batch, n):
@@ -197,7 +197,7 @@ def test_lazy_catch_up_covers_exactly_the_gap(harness, adapter, n_plain):
     from support.plain_harness_0_5_23 import STRIDE
 
     hidden_ref = _eager_hidden(harness, adapter, PROMPTS[:2], n_plain)
-    plain = adapter.make_plain_step("lazy")
+    plain = adapter.plain.make_plain_step("lazy")
     batch = harness.prefill(PROMPTS[:2])
     harness.draft.extend_calls.clear()
     tokens = _lazy_plain_steps(harness, plain, batch, n_plain)
@@ -234,7 +234,7 @@ def test_lazy_mode_switches_emit_exactly_the_plain_greedy_tokens(
 ):
     from support.plain_harness_0_5_23 import hf_greedy, spec_step_stand_in
 
-    plain = adapter.make_plain_step("lazy")
+    plain = adapter.plain.make_plain_step("lazy")
     batch = harness.prefill(PROMPTS)
     schedule = ["spec"] * 2 + ["plain"] * 5 + ["spec"] * 2 + ["plain"] * 2 + ["spec"]
     for mode in schedule:
@@ -263,7 +263,7 @@ def test_next_draft_input_round_trips_through_the_real_future_map(harness, adapt
     future_map = FutureMap(
         torch.device("cpu"), SpeculativeAlgorithm.EAGLE, harness.req_to_token_pool
     )
-    lazy = adapter.make_plain_step("lazy")
+    lazy = adapter.plain.make_plain_step("lazy")
     batch = harness.prefill(PROMPTS[:2])
     for run in ("spec", "eager", "none", "lazy"):
         harness.prepare_for_decode(batch)
@@ -289,7 +289,7 @@ def test_next_draft_input_round_trips_through_the_real_future_map(harness, adapt
 def gated_worker(adapter):
     """The adapter's real wrapper on the real ``EAGLEWorkerV2`` class, with
     policy ``never``; yields a function that installs a plain step."""
-    from eagle_gate.adapters._base import ACTIVE
+    from eagle_gate.adapters.hooks import ACTIVE
     from eagle_gate.config import GateConfig
     from eagle_gate.runtime import GateRuntime
 
@@ -302,17 +302,15 @@ def gated_worker(adapter):
         sglang_version="0.5.23",
         adapter=adapter.NAME,
         num_draft_tokens=4,
-        plain_step_available=True,
         req_len=adapter.committed_len,
     )
 
     def install(draft_sync):
-        ACTIVE.plain_step = adapter.make_plain_step(draft_sync)
+        ACTIVE.runtime.plain_step = adapter.plain.make_plain_step(draft_sync)
         return ACTIVE.runtime
 
     yield install
     ACTIVE.runtime = None
-    ACTIVE.plain_step = None
     adapter.INSTRUMENTOR.uninstrument()
 
 
@@ -329,10 +327,8 @@ def test_overlap_call_site_publishes_the_plain_steps_new_lengths(
     FA3/trtllm servers hand the worker: no CPU lengths, no sum."""
     import functools
 
-    from eagle_gate.adapters._base import ACTIVE
-
     runtime = gated_worker(draft_sync)
-    errors_before = ACTIVE.internal_errors
+    errors_before = runtime.counters.internal_errors
     batch = harness.prefill(PROMPTS)
     published = []
 
@@ -355,8 +351,11 @@ def test_overlap_call_site_publishes_the_plain_steps_new_lengths(
         assert published[-1][1].tolist() == (seq_lens + 1).tolist()
         harness.commit(batch, result)
     assert len(published) == 3
-    assert runtime.policy_errors == 0 and runtime.plain_step_failures == 0
-    assert ACTIVE.internal_errors == errors_before
+    assert (
+        runtime.counters.policy_errors == 0
+        and runtime.counters.plain_step_failures == 0
+    )
+    assert runtime.counters.internal_errors == errors_before
 
 
 @pytest.mark.parametrize("cpu_lens", [True, False], ids=["cpu-lens", "no-cpu-lens"])
@@ -369,12 +368,11 @@ def test_sync_call_site_and_goodput_without_cpu_lengths(
     (never a policy error) when the batch has no CPU lengths."""
     from support.plain_harness_0_5_23 import hf_greedy
 
-    from eagle_gate.adapters._base import ACTIVE
     from eagle_gate.goodput import Goodput
     from eagle_gate.policy import Mode
 
     runtime = gated_worker("eager")
-    errors_before = ACTIVE.internal_errors
+    errors_before = runtime.counters.internal_errors
     seen = []
 
     class Plain(Goodput):
@@ -397,12 +395,14 @@ def test_sync_call_site_and_goodput_without_cpu_lengths(
                 batch, pp_proxy_tensors=None
             )
         harness.commit(batch, result)
-    assert runtime.policy_errors == 0 and runtime.steps_by_mode[1] == 4
+    assert (
+        runtime.counters.policy_errors == 0 and runtime.counters.steps_by_mode[1] == 4
+    )
     assert all(exact is cpu_lens for _, exact in seen)
     assert all(isinstance(total, int) and total > 0 for total, _ in seen)
     for req, prompt in zip(batch.reqs, PROMPTS, strict=True):
         assert list(req.output_ids) == hf_greedy(tiny_model, prompt, 1 + 4)
-    assert ACTIVE.internal_errors == errors_before
+    assert runtime.counters.internal_errors == errors_before
 
 
 def test_plain_step_records_the_batch_tensors_on_the_forward_stream(
@@ -454,7 +454,7 @@ def test_the_plain_steps_draft_extends_are_counted_by_path(
 
     from support.plain_harness_0_5_23 import STRIDE
 
-    from eagle_gate.adapters._base import PlainGraphs
+    from eagle_gate.adapters.plain.graphs import PlainGraphs
 
     monkeypatch.setattr(
         harness.draft, "cuda_graph_runner_for_draft_extend", None, raising=False
@@ -466,7 +466,9 @@ def test_the_plain_steps_draft_extends_are_counted_by_path(
     for sync in ("eager", "none", "eager"):
         harness.prepare_for_decode(batch)
         with harness.forward_isolation(batch):
-            result = adapter.plain_step(harness.worker, batch, None, sync, None, graphs)
+            result = adapter.plain.plain_step(
+                harness.worker, batch, None, sync, None, graphs
+            )
         harness.commit(batch, result)
     assert counted == ["eager", "eager"]
     harness.draft.cuda_graph_runner_for_draft_extend = SimpleNamespace(
@@ -476,7 +478,7 @@ def test_the_plain_steps_draft_extends_are_counted_by_path(
         require_mlp_sync=False,
         captured_req_width=STRIDE,
     )
-    lazy = adapter.make_plain_step("lazy", graphs=graphs)
+    lazy = adapter.plain.make_plain_step("lazy", graphs=graphs)
     _lazy_plain_steps(harness, lazy, batch, 2)
     assert counted == ["eager", "eager"]  # nothing for the draft yet
     harness.prepare_for_decode(batch)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from support.plain_stub import OPEN_PLAIN_STEP
 
 from eagle_gate import Mode, StepView
 from eagle_gate.config import GateConfig
@@ -103,7 +104,7 @@ def make_runtime(policy, *, plain=True, clock=None) -> GateRuntime:
         sglang_version="test",
         adapter="test",
         num_draft_tokens=4,
-        plain_step_available=plain,
+        plain_step=OPEN_PLAIN_STEP if plain else None,
         **kwargs,
     )
 
@@ -113,7 +114,7 @@ def test_runtime_runs_spec_and_counts_when_policy_raises(caplog):
     for _ in range(3):
         assert rt.decide(4, 100)[0] is Mode.SPEC
     rt.observe(Mode.SPEC, 0, [1, 2])
-    assert rt.policy_errors == 4
+    assert rt.counters.policy_errors == 4
     # rate-limited: one warning for all four errors within a minute
     assert sum("policy" in r.message for r in caplog.records) == 1
 
@@ -121,15 +122,15 @@ def test_runtime_runs_spec_and_counts_when_policy_raises(caplog):
 def test_runtime_rejects_non_mode_return_values():
     rt = make_runtime(_Garbage())
     assert rt.decide(4, 100)[0] is Mode.SPEC
-    assert rt.policy_errors == 1
+    assert rt.counters.policy_errors == 1
 
 
 def test_runtime_overrides_plain_when_plain_step_is_unavailable():
     rt = make_runtime(get_policy_factory("never").create(), plain=False)
     mode, step = rt.decide(4, 100)
     assert (mode, step) == (Mode.SPEC, 0)
-    assert rt.overrides == {Overrides.PLAIN_STEP_UNAVAILABLE: 1}
-    assert rt.decisions_by_mode[Mode.PLAIN] == 1
+    assert rt.counters.overrides == {Overrides.PLAIN_STEP_UNAVAILABLE: 1}
+    assert rt.counters.decisions_by_mode[Mode.PLAIN] == 1
 
 
 def test_runtime_outcomes_carry_tokens_and_intervals():
@@ -157,8 +158,8 @@ def test_runtime_outcomes_carry_tokens_and_intervals():
     assert [o.mode for o in seen] == [Mode.SPEC, Mode.SPEC, Mode.PLAIN] + [
         Mode.SPEC
     ] * 2
-    assert rt.steps_by_mode == [4, 1]
-    assert rt.tokens_by_mode == [15, 2]
+    assert rt.counters.steps_by_mode == [4, 1]
+    assert rt.counters.tokens_by_mode == [15, 2]
 
 
 def test_step_view_seq_len_max_is_lazy_and_cached():

@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from support.plain_stub import OPEN_PLAIN_STEP
+
 from eagle_gate.config import GateConfig
 from eagle_gate.decision_log import DecisionLog
 from eagle_gate.plugins import get_policy_factory
@@ -26,7 +28,7 @@ def write_log(tmp_path, steps=300):
         sglang_version="test",
         adapter="test",
         num_draft_tokens=4,
-        plain_step_available=True,
+        plain_step=OPEN_PLAIN_STEP,
         clock=lambda: now[0],
     )
     log = DecisionLog(tmp_path / "decisions-1.jsonl", max_per_s=10**6)
@@ -53,8 +55,8 @@ def test_the_logged_policy_reproduces_its_decisions(tmp_path):
     assert result.comparable == 300
     assert result.agreed == 300, result.first_differences
     assert result.by_mode == {
-        "spec": runtime.decisions_by_mode[Mode.SPEC],
-        "plain": runtime.decisions_by_mode[Mode.PLAIN],
+        "spec": runtime.counters.decisions_by_mode[Mode.SPEC],
+        "plain": runtime.counters.decisions_by_mode[Mode.PLAIN],
     }
     assert result.by_mode["spec"] and result.by_mode["plain"]
 

@@ -13,7 +13,7 @@ import pytest
 import sglang_env
 import torch
 
-from eagle_gate.adapters._base import ACTIVE
+from eagle_gate.adapters.hooks import ACTIVE
 from eagle_gate.config import GateConfig
 from eagle_gate.policy import Mode
 from eagle_gate.runtime import GateRuntime
@@ -65,8 +65,8 @@ def _batch(reqs):
 def _plain_result(tokens, seq_lens):
     adapter = sglang_env.adapter()
     if adapter.NAME == "sglang-0.5.9":
-        return adapter.build_plain_result(tokens, stride=STRIDE)
-    return adapter.build_plain_result(tokens, stride=STRIDE, seq_lens=seq_lens)
+        return adapter.plain.build_plain_result(tokens, stride=STRIDE)
+    return adapter.plain.build_plain_result(tokens, stride=STRIDE, seq_lens=seq_lens)
 
 
 def _spec_counts(req):

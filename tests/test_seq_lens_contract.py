@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+from support.plain_stub import OPEN_PLAIN_STEP
+
 from eagle_gate.config import GateConfig
 from eagle_gate.decision_log import DecisionLog
 from eagle_gate.goodput import Goodput
@@ -78,7 +80,7 @@ def runtime(policy, **kwargs):
         policy,
         sglang_version="t",
         adapter="t",
-        plain_step_available=True,
+        plain_step=OPEN_PLAIN_STEP,
         **kwargs,
     )
 
@@ -92,8 +94,8 @@ def test_goodput_decides_without_lengths_and_without_policy_errors():
         lengths = None if step % 2 else reqs  # estimate, then nothing at all
         mode, _ = rt.decide(2, None, None, lengths)
         rt.observe(mode, step, [3, 1] if mode is Mode.SPEC else [1, 1])
-    assert rt.policy_errors == 0
-    assert sum(rt.decisions_by_mode) == 200
+    assert rt.counters.policy_errors == 0
+    assert sum(rt.counters.decisions_by_mode) == 200
 
 
 def test_decision_log_records_unknown_and_estimated_lengths(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 import sglang_env
 
 from eagle_gate import adapters
-from eagle_gate.adapters._base import (
+from eagle_gate.adapters.patching import (
     GatePatchError,
     Instrumentor,
     PatchTarget,

@@ -11,6 +11,7 @@ import json
 
 import pytest
 from support.metrics_probe import scrape_lines
+from support.plain_stub import OPEN_PLAIN_STEP
 
 from eagle_gate.config import ConfigError, GateConfig, resolve_config
 from eagle_gate.control import (
@@ -50,7 +51,7 @@ class Predicting:
 
 
 def make(policy, shadow=True, **kwargs):
-    kwargs.setdefault("plain_step_available", True)
+    kwargs.setdefault("plain_step", OPEN_PLAIN_STEP)
     return GateRuntime(
         GateConfig("threshold", {}, shadow=shadow),
         policy,
@@ -114,9 +115,9 @@ def test_shadow_runtime_asks_the_policy_and_runs_spec_every_step(tmp_path):
         ran.append(mode)
         rt.observe(mode, number, [2] * bs)
     assert ran == [Mode.SPEC] * 4
-    assert rt.steps_by_mode == [4, 0]
-    assert rt.decisions_by_mode == [2, 2]  # what the policy said
-    assert rt.overrides == {}  # shadow is not an override
+    assert rt.counters.steps_by_mode == [4, 0]
+    assert rt.counters.decisions_by_mode == [2, 2]  # what the policy said
+    assert rt.counters.overrides == {}  # shadow is not an override
     # the policy observed every (SPEC) outcome, as usual
     assert [o[0] for o in policy.outcomes] == [Mode.SPEC] * 4
     status = rt.status()
@@ -156,11 +157,10 @@ def test_shadow_switches_at_runtime_and_keeps_the_policy_state(tmp_path):
         policy,
         sglang_version="t",
         adapter="t",
-        plain_step_available=True,
+        plain_step=OPEN_PLAIN_STEP,
         tick_every=4,
+        on_tick=ControlAgreement(ControlFile(tmp_path), is_source=True),
     )
-    control = ControlFile(tmp_path)
-    rt.on_tick = ControlAgreement(rt, control, is_source=True)
     assert rt.decide(2, None)[0] is Mode.PLAIN  # step 0 (a tick): nothing yet
     write_request(tmp_path, validate_change({"shadow": True}, rt.config))
     modes = [rt.decide(2, None)[0] for _ in range(7)]  # steps 1..7; tick at 4
@@ -188,7 +188,7 @@ def test_a_policy_error_in_shadow_mode_is_counted_like_any_other():
 
     rt = make(Raising())
     assert rt.decide(3, None)[0] is Mode.SPEC
-    assert rt.policy_errors == 1
+    assert rt.counters.policy_errors == 1
     assert rt.status()["shadow_totals"]["would_run"] == {"spec": 0, "plain": 0}
 
 
@@ -254,9 +254,13 @@ class P:
     def decide(self, view): return Mode.PLAIN if view.batch_size > 2 else Mode.SPEC
     def observe(self, outcome): pass
 
+class Open:  # a plain step that serves every batch (never run: shadow mode)
+    before_spec = None
+    def blocker(self, batch): return None
+
 t = iter(range(100))
 rt = GateRuntime(GateConfig("threshold", shadow=True), P(), sglang_version="9",
-                 adapter="a", plain_step_available=True, clock=lambda: next(t))
+                 adapter="a", plain_step=Open(), clock=lambda: next(t))
 m = GateMetrics(rt, dp_rank=None, gated=True)
 for bs in (4, 4, 1):
     mode, step = rt.decide(bs, None)
@@ -315,7 +319,7 @@ def test_goodput_in_shadow_mode_probes_on_paper_and_predicts_nothing_unmeasured(
         policy,
         sglang_version="t",
         adapter="t",
-        plain_step_available=True,
+        plain_step=OPEN_PLAIN_STEP,
         num_draft_tokens=4,
         clock=lambda: next(t),
     )
@@ -324,7 +328,7 @@ def test_goodput_in_shadow_mode_probes_on_paper_and_predicts_nothing_unmeasured(
         assert mode is Mode.SPEC
         rt.observe(mode, step, [2, 2, 1, 3])
     totals = rt.status()["shadow_totals"]
-    assert rt.policy_errors == 0 and rt.invalid_outcomes == 0
+    assert rt.counters.policy_errors == 0 and rt.counters.invalid_outcomes == 0
     assert totals["would_run"]["plain"] > 0  # probes, on paper
     assert totals["plain_estimated"] == 0
     assert totals["estimated_gain"] is None

@@ -31,6 +31,7 @@ def _free_port() -> int:
 
 def _rank_main(rank: int, port: int, agree: bool, out) -> None:
     import torch.distributed as dist
+    from support.plain_stub import OPEN_PLAIN_STEP
 
     from eagle_gate.agreement import TimingAgreement, torch_timing_broadcast
     from eagle_gate.config import GateConfig
@@ -51,11 +52,10 @@ def _rank_main(rank: int, port: int, agree: bool, out) -> None:
         tp_rank=rank,
         tp_size=WORLD,
         num_draft_tokens=4,
-        plain_step_available=True,
+        plain_step=OPEN_PLAIN_STEP,
         clock=lambda: now[0],
+        agreement=TimingAgreement(torch_timing_broadcast(group)) if agree else None,
     )
-    if agree:
-        runtime.agreement = TimingAgreement(torch_timing_broadcast(group))
     decisions = []
     previous = None
     for _ in range(STEPS):

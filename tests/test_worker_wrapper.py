@@ -12,7 +12,8 @@ import pytest
 import sglang_env
 import torch
 
-from eagle_gate.adapters._base import ACTIVE, PlainStep, make_worker_wrapper
+from eagle_gate.adapters.hooks import ACTIVE, make_worker_wrapper
+from eagle_gate.adapters.plain.step import PlainStep
 from eagle_gate.config import GateConfig
 from eagle_gate.plugins import get_policy_factory
 from eagle_gate.policy import Mode
@@ -61,7 +62,6 @@ def gate():
     )
     yield policy, views
     ACTIVE.runtime = None
-    ACTIVE.plain_step = None
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def test_plain_decision_without_plain_step_runs_stock_and_counts(
         make_worker_wrapper("batch"), gpu_forward_stand_in, decode_batch([3, 3])
     )
     assert result.eagle_gate_mode is Mode.SPEC
-    assert ACTIVE.runtime.overrides == {Overrides.PLAIN_STEP_UNAVAILABLE: 1}
+    assert ACTIVE.runtime.counters.overrides == {Overrides.PLAIN_STEP_UNAVAILABLE: 1}
 
 
 def test_plain_decision_with_a_plain_step_calls_it(gate, gpu_forward_stand_in, mocker):
@@ -117,9 +117,8 @@ def test_plain_decision_with_a_plain_step_calls_it(gate, gpu_forward_stand_in, m
 
     policy, views = gate
     policy.answer = Mode.PLAIN
-    ACTIVE.runtime.plain_step_available = True
     run = mocker.Mock(return_value=GenerationBatchResult())
-    ACTIVE.plain_step = PlainStep(run=run, blocker=lambda batch: None)
+    ACTIVE.runtime.plain_step = PlainStep(run=run, blocker=lambda batch: None)
     batch = decode_batch([3])
     result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, batch)
     assert gpu_forward_stand_in.call_count == 0
@@ -132,13 +131,12 @@ def test_a_batch_the_plain_step_cannot_serve_runs_spec_counted_by_reason(
 ):
     policy, views = gate
     policy.answer = Mode.PLAIN
-    ACTIVE.runtime.plain_step_available = True
     run = mocker.Mock()
-    ACTIVE.plain_step = PlainStep(run=run, blocker=lambda batch: "logprobs")
+    ACTIVE.runtime.plain_step = PlainStep(run=run, blocker=lambda batch: "logprobs")
     result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, decode_batch([3]))
     assert run.call_count == 0 and gpu_forward_stand_in.call_count == 1
     assert result.eagle_gate_mode is Mode.SPEC
-    assert ACTIVE.runtime.overrides == {"logprobs": 1}
+    assert ACTIVE.runtime.counters.overrides == {"logprobs": 1}
 
 
 def test_raising_policy_runs_stock_step(gate, gpu_forward_stand_in):
@@ -146,15 +144,15 @@ def test_raising_policy_runs_stock_step(gate, gpu_forward_stand_in):
     policy.answer = RuntimeError("policy bug")
     result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, decode_batch([2]))
     assert result.eagle_gate_mode is Mode.SPEC
-    assert ACTIVE.runtime.policy_errors == 1
+    assert ACTIVE.runtime.counters.policy_errors == 1
 
 
 def test_gate_internal_error_runs_stock_step(gate, gpu_forward_stand_in):
-    before = ACTIVE.internal_errors
+    before = ACTIVE.runtime.counters.internal_errors
     result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, object())
     assert gpu_forward_stand_in.call_count == 1
     assert not hasattr(result, "eagle_gate_mode")
-    assert ACTIVE.internal_errors == before + 1
+    assert ACTIVE.runtime.counters.internal_errors == before + 1
 
 
 def test_no_runtime_means_stock_behaviour(gpu_forward_stand_in):
@@ -174,7 +172,7 @@ def test_threshold_policy_through_the_wrapper(gpu_forward_stand_in):
         wrapper = make_worker_wrapper("batch")
         for sizes in ([1], [1, 1, 1], [1, 1], [1]):
             call(wrapper, gpu_forward_stand_in, decode_batch(sizes))
-        assert ACTIVE.runtime.decisions_by_mode == [2, 2]
+        assert ACTIVE.runtime.counters.decisions_by_mode == [2, 2]
     finally:
         ACTIVE.runtime = None
 
@@ -186,7 +184,6 @@ def test_a_failing_plain_step_leaves_the_batch_as_sglang_gave_it(
     instead must see the batch's original fields."""
     policy, views = gate
     policy.answer = Mode.PLAIN
-    ACTIVE.runtime.plain_step_available = True
     batch = decode_batch([3, 4])
     original = {name: getattr(batch, name) for name in ("seq_lens", "spec_info")}
     seen = {}
@@ -200,12 +197,12 @@ def test_a_failing_plain_step_leaves_the_batch_as_sglang_gave_it(
         seen.update(seq_lens=b.seq_lens, spec_info=b.spec_info)
         return gpu_forward_stand_in(b)
 
-    ACTIVE.plain_step = PlainStep(run=half_done, blocker=lambda b: None)
+    ACTIVE.runtime.plain_step = PlainStep(run=half_done, blocker=lambda b: None)
     result = make_worker_wrapper("batch")(stock, object(), (batch,), {})
     assert result.eagle_gate_mode is Mode.SPEC
     assert seen["seq_lens"] is original["seq_lens"]
     assert seen["spec_info"] is original["spec_info"]
-    assert ACTIVE.runtime.overrides.get("plain_step_failed") == 1
+    assert ACTIVE.runtime.counters.overrides.get("plain_step_failed") == 1
 
 
 def test_spec_steps_let_the_plain_step_catch_the_draft_up_first(
@@ -217,8 +214,8 @@ def test_spec_steps_let_the_plain_step_catch_the_draft_up_first(
     policy, views = gate
     order = []
     catch_up = mocker.Mock(side_effect=lambda w, b: order.append("catch-up"))
-    ACTIVE.plain_step = PlainStep(run=mocker.Mock(), blocker=lambda b: None)
-    ACTIVE.plain_step.before_spec = catch_up
+    ACTIVE.runtime.plain_step = PlainStep(run=mocker.Mock(), blocker=lambda b: None)
+    ACTIVE.runtime.plain_step.before_spec = catch_up
 
     def stock(b, *args, **kwargs):
         order.append("spec")
@@ -229,7 +226,30 @@ def test_spec_steps_let_the_plain_step_catch_the_draft_up_first(
     wrapper(stock, object(), (batch,), {})
     assert order == ["catch-up", "spec"] and catch_up.call_args.args[1] is batch
     catch_up.side_effect = RuntimeError("draft extend failed")
-    before = ACTIVE.internal_errors
+    before = ACTIVE.runtime.counters.internal_errors
     result = wrapper(stock, object(), (decode_batch([3]),), {})
     assert result.eagle_gate_mode is Mode.SPEC and order[-1] == "spec"
-    assert ACTIVE.internal_errors == before + 1
+    assert ACTIVE.runtime.counters.internal_errors == before + 1
+
+
+def test_a_blocked_plain_decision_is_recorded_as_spec_that_ran(
+    gate, gpu_forward_stand_in, mocker
+):
+    """#20 defect 1: a PLAIN decision that a blocker turns into SPEC must be
+    recorded as decided=plain, ran=spec (with the blocker's reason) in the
+    decision ring and the decision log, exactly like plain_step_unavailable;
+    a replay of the log must not believe PLAIN ran."""
+    policy, views = gate
+    policy.answer = Mode.PLAIN
+    log = mocker.Mock()
+    ACTIVE.runtime.decision_log = log  # a mock: what the log is told
+    ACTIVE.runtime.plain_step = PlainStep(
+        run=mocker.Mock(), blocker=lambda b: "grammar"
+    )
+    result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, decode_batch([3]))
+    assert result.eagle_gate_mode is Mode.SPEC
+    last = ACTIVE.runtime.last_decisions()[-1]
+    assert (last["decided"], last["ran"]) == ("plain", "spec")
+    (step, _view, decided, ran, override) = log.decision.call_args.args
+    assert (step, decided, ran, override) == (0, Mode.PLAIN, Mode.SPEC, "grammar")
+    assert log.decision.call_count == 1

@@ -722,7 +722,7 @@ def _construct_plain_graphs(base, adapter, scheduler) -> dict:
         def capture(self, *args, **kwargs):
             captures.append(1)  # a CUDA graph cannot be recorded on CPU
 
-    if adapter.NAME == "sglang-0.5.9":
+    if sglang_version() == "0.5.9":
         from sglang.srt.model_executor.cuda_graph_runner import (
             get_batch_sizes_to_capture,
         )
@@ -749,7 +749,7 @@ def _construct_plain_graphs(base, adapter, scheduler) -> dict:
             runner = adapter.build_plain_runner(mr, backend, cls=Construct)
     finally:
         del mr.attn_backend.init_cuda_graph_state  # the class's method again
-    if adapter.NAME == "sglang-0.5.9":
+    if sglang_version() == "0.5.9":
         width = runner.num_tokens_per_bs
     else:
         width = runner.captured_req_width
@@ -890,7 +890,7 @@ def install() -> bool:
 
     hooks = make_hooks()
     if PLAIN_GRAPHS == "construct":
-        hooks["eagle_gate.adapters._base"] = _patch_gate_plain_graphs
+        hooks["eagle_gate.adapters.plain.capture"] = _patch_gate_plain_graphs
     for module_name, hook in hooks.items():
         wrapt.register_post_import_hook(hook, module_name)
     _log(f"installed for SGLang {version}")

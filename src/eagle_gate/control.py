@@ -334,13 +334,11 @@ class ControlAgreement:
 
     def __init__(
         self,
-        runtime: Any,
         control: ControlFile,
         *,
         is_source: bool,
         broadcast: Broadcast | None = None,
     ) -> None:
-        self.runtime = runtime
         self.control = control
         self.is_source = is_source
         self.broadcast = broadcast
@@ -359,8 +357,9 @@ class ControlAgreement:
             self.poll_errors += 1
         return 0, ""
 
-    def __call__(self, step: int) -> None:
-        rt = self.runtime
+    def __call__(self, rt: Any, step: int) -> None:
+        """At a tick of runtime ``rt`` (``GateRuntime.on_tick``): apply rank
+        0's newest request, on every rank alike."""
         version, text = self._read() if self.is_source else (0, "")
         if self.broadcast is not None:
             version, text = self.broadcast(version, text)

@@ -26,16 +26,16 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from eagle_gate.ops import STAGES as OPS_STAGES
-from eagle_gate.runtime import (
+from eagle_gate.counters import (
     DRAFT_EXTEND_PATHS,
     MODE_NAMES,
     PLAIN_EAGER_REASONS,
     PLAIN_PATHS,
     Overrides,
     PolicyErrors,
-    policy_estimates,
 )
+from eagle_gate.ops import STAGES as OPS_STAGES
+from eagle_gate.runtime import GateRuntime, policy_estimates
 
 __all__ = ["METRICS", "GateMetrics", "metrics_wanted", "DWELL_BUCKETS"]
 
@@ -220,7 +220,9 @@ def metrics_wanted(environ: Mapping[str, str] | None = None) -> bool:
 class GateMetrics:
     """The gate's metric objects in one process, and the export of deltas."""
 
-    def __init__(self, runtime: Any, *, dp_rank: int | None, gated: bool) -> None:
+    def __init__(
+        self, runtime: GateRuntime, *, dp_rank: int | None, gated: bool
+    ) -> None:
         # Imported here: prometheus_client picks its multiprocess value class
         # from PROMETHEUS_MULTIPROC_DIR when it is first imported.
         from prometheus_client import Counter, Gauge, Histogram
@@ -328,17 +330,16 @@ class GateMetrics:
             child.inc(delta)
             self._last[key] = value
 
-    def export(self, rt: Any) -> None:
+    def export(self, rt: GateRuntime) -> None:
         """Bring the metrics up to the runtime's counters (off the hot path)."""
-        steps = list(rt.steps_by_mode)
+        c = rt.counters
+        steps = list(c.steps_by_mode)
         before = (self._last.get("steps0", 0), self._last.get("steps1", 0))
         spec_before = (self._last.get("tokens0", 0), self._last.get("reqsteps0", 0))
         for i in (0, 1):
             self._add(f"steps{i}", self.steps[i], steps[i])
-            self._add(f"tokens{i}", self.tokens[i], rt.tokens_by_mode[i])
-            self._add(
-                f"reqsteps{i}", self.request_steps[i], rt.request_steps_by_mode[i]
-            )
+            self._add(f"tokens{i}", self.tokens[i], c.tokens_by_mode[i])
+            self._add(f"reqsteps{i}", self.request_steps[i], c.request_steps_by_mode[i])
         spec_requests = self._last.get("reqsteps0", 0) - spec_before[1]
         if spec_requests > 0:
             spec_tokens = self._last.get("tokens0", 0) - spec_before[0]
@@ -347,8 +348,8 @@ class GateMetrics:
         if ran[0] + ran[1] > 0:
             self.ratio.set(ran[0] / (ran[0] + ran[1]))
         for reason, child in self.errors.items():
-            self._add(f"err:{reason}", child, rt.policy_errors_by_reason.get(reason, 0))
-        for reason, count in dict(rt.overrides).items():
+            self._add(f"err:{reason}", child, c.policy_errors_by_reason.get(reason, 0))
+        for reason, count in dict(c.overrides).items():
             child = self.overrides.get(reason)
             if child is None:
                 child = self.m["eagle_gate_spec_overrides_total"].labels(
@@ -356,11 +357,11 @@ class GateMetrics:
                 )
                 self.overrides[reason] = child
             self._add(f"ovr:{reason}", child, count)
-        self._add("slow", self.slow, rt.slow_decisions)
-        self._add("plainfail", self.plain_failures, rt.plain_step_failures)
+        self._add("slow", self.slow, c.slow_decisions)
+        self._add("plainfail", self.plain_failures, c.plain_step_failures)
         for path, child in self.plain_paths.items():
-            self._add(f"ppath:{path}", child, rt.plain_path.get(path, 0))
-        for reason, count in dict(rt.plain_eager_reasons).items():
+            self._add(f"ppath:{path}", child, c.plain_path.get(path, 0))
+        for reason, count in dict(c.plain_eager_reasons).items():
             child = self.plain_eager.get(reason)
             if child is None:
                 child = self.m["eagle_gate_plain_eager_total"].labels(reason, self.dp)
@@ -371,7 +372,7 @@ class GateMetrics:
             1 if rt.plain_graphs.get("state") == "captured" else 0
         )
         for path, child in self.plain_draft_extend.items():
-            self._add(f"dext:{path}", child, rt.draft_extend_path.get(path, 0))
+            self._add(f"dext:{path}", child, c.draft_extend_path.get(path, 0))
         self.degraded.set(1 if rt.degraded is not None else 0)
         self.config_version.set(rt.config_version)
         ledger = rt.shadow_ledger
@@ -384,11 +385,11 @@ class GateMetrics:
         if log is not None:
             for kind, child in self.dropped.items():
                 self._add(f"drop:{kind}", child, getattr(log, f"dropped_{kind}"))
-        current = rt.current_mode
+        current = c.current_mode
         if current is not None:
             self.mode[current].set(1)
             self.mode[1 - current].set(0)
-        dwells = rt.finished_dwells
+        dwells = c.finished_dwells
         while dwells:
             try:
                 mode, length = dwells.popleft()

@@ -10,7 +10,8 @@ makes each read atomic) and may call the policy's optional ``estimates()``.
 
 Runtime control is the exception: when the gate is gating, a change must take
 effect at the same decode step on every rank, so it is applied on the hot path
-every ``tick_every`` steps (:class:`eagle_gate.control.ControlAgreement`).
+every ``tick_every`` steps (:class:`eagle_gate.control.ControlAgreement`, the
+runtime's ``on_tick``, which activation builds over the same control file).
 When the gate is idle (no speculation: nothing asks the policy) the thread
 applies a change as soon as it sees it.
 
@@ -46,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle_gate.config import ConfigError
-from eagle_gate.control import ControlAgreement, ControlFile, config_from_request
+from eagle_gate.control import ControlFile, config_from_request
+from eagle_gate.logutil import first_then_every
 from eagle_gate.status import aggregate, read_status, write_process_status
 from eagle_gate.statusdir import StatusDir, as_status_dir
 
@@ -162,12 +164,14 @@ class OpsService:
         gated: bool,
         settings: OpsSettings,
         metrics: Any = None,
-        control_broadcast: Any = None,
-        control_source: bool = True,
         control_available: bool = True,
         launch_id: str | None = None,
+        control: ControlFile | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``control``: the launch's control file, shared with the runtime's
+        ``on_tick`` when gating (the thread reads it only when idle); one of
+        its own when not given."""
         self.runtime = runtime
         self.directory = as_status_dir(status_dir)
         self.status_dir = self.directory.path
@@ -179,7 +183,9 @@ class OpsService:
         self.metrics = metrics
         # A descriptor of its own: the hot path polls control (gating) while
         # this thread writes status, and each may have to reopen its own.
-        self.control = ControlFile(StatusDir(self.directory.path), launch_id)
+        if control is None:
+            control = ControlFile(StatusDir(self.directory.path), launch_id)
+        self.control = control
         self.control_available = control_available
         self._clock = clock
         #: failures per stage, and the last one's message.
@@ -190,13 +196,6 @@ class OpsService:
         self._thread: threading.Thread | None = None
         #: when the status directory was last read for the agreement gauge.
         self._agreement_at: float | None = None
-        if gated and control_available:
-            runtime.on_tick = ControlAgreement(
-                runtime,
-                self.control,
-                is_source=control_source,
-                broadcast=control_broadcast,
-            )
 
     @property
     def errors(self) -> int:
@@ -207,12 +206,8 @@ class OpsService:
         rt = self.runtime
         record = rt.status()
         record.update(self.extra)
-        from eagle_gate.adapters._base import ACTIVE
-
         record.update(
             gated=self.gated,
-            # errors of the gate's own logic (the step ran SGLang's stock path)
-            internal_errors=ACTIVE.internal_errors,
             updated_at=self._clock(),
             ops={
                 "interval_s": self.settings.interval_s,
@@ -279,7 +274,7 @@ class OpsService:
         """Count and log a failed stage (first, then every 1000th)."""
         n = self.stage_errors[stage] = self.stage_errors[stage] + 1
         self.last_errors[stage] = f"{type(exc).__name__}: {exc}"[:500]
-        if n == 1 or n % 1000 == 0:
+        if first_then_every(n):
             logger.error(
                 "eagle_gate: the %s step of the ops thread failed (%d so far): %r; "
                 "decoding is not affected",

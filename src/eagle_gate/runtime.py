@@ -1,8 +1,17 @@
-"""The gate inside one scheduler process: policy calls, guards and counters.
+"""The gate's decision flow inside one scheduler process.
 
-The adapters call :meth:`GateRuntime.decide` before a decode batch and
-:meth:`GateRuntime.observe` when its result is resolved. Everything here is
-plain Python (no SGLang, no torch) so it is tested directly.
+The adapters' worker wrapper calls :meth:`GateRuntime.decide` before a decode
+batch (and :meth:`GateRuntime.run_plain_step` when it says PLAIN); the
+resolver wrapper calls :meth:`GateRuntime.observe` when the step's result is
+resolved. What is counted lives in :class:`eagle_gate.counters.GateCounters`,
+the last decisions in a :class:`eagle_gate.counters.DecisionRing`. Everything
+here is plain Python (no SGLang, no torch) so it is tested directly.
+
+A PLAIN decision runs PLAIN only when the plain step can serve the batch:
+the adapter's plain step (``plain_step``, with its ``blocker(batch)``) is
+asked inside :meth:`GateRuntime.decide`, so a blocked or unavailable plain
+step is recorded as what it is (decided PLAIN, ran SPEC, and why) in the
+ring, the counters and the decision log alike.
 
 Never breaking the server:
 
@@ -32,62 +41,43 @@ must happen at the same step on every rank).
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from eagle_gate.config import GateConfig
+from eagle_gate.counters import (
+    DECIDED_ERROR,
+    DECIDED_NOT_ASKED,
+    DecisionRing,
+    GateCounters,
+    Overrides,
+    PolicyErrors,
+)
+from eagle_gate.logutil import OncePer, first_then_every
 from eagle_gate.policy import Mode, Policy, StepOutcome, StepView
 from eagle_gate.shadow import ShadowLedger, predicted_plain_rate
 
 logger = logging.getLogger("eagle_gate")
 
-__all__ = ["GateRuntime", "default_status_dir", "Overrides", "PolicyErrors"]
+__all__ = ["GateRuntime", "Overrides", "PolicyErrors", "PlainStepLike"]
 
-_LOG_EVERY_S = 60.0
 #: decisions kept for status (a fixed ring, no allocation per step).
 RING_SIZE = 32
-#: decision codes in the ring / decision log besides Mode.SPEC (0), Mode.PLAIN (1).
-DECIDED_ERROR = 2
-DECIDED_NOT_ASKED = 3
-DECIDED_NAMES = ("spec", "plain", "error", "not_asked")
-MODE_NAMES = ("spec", "plain")
-#: the plain step's target paths, and why one ran eagerly (docs/plain-graphs.md).
-PLAIN_PATHS = ("graph", "eager")
-PLAIN_EAGER_REASONS = ("graphs_off", "bs_above_max", "bs_not_captured", "declined")
-#: the paths of the plain step's draft extends (eager sync, lazy catch-up):
-#: SGLang's own draft-extend CUDA graph, or its eager draft forward.
-DRAFT_EXTEND_PATHS = ("graph", "eager")
 
 
-class Overrides:
-    """Reasons the gate ran SPEC although the policy asked for PLAIN."""
+class PlainStepLike(Protocol):
+    """What the runtime and the worker wrapper ask of an adapter's plain step
+    (``eagle_gate.adapters.plain.step.PlainStep``)."""
 
-    #: the plain step is not available for this SGLang version / build yet.
-    PLAIN_STEP_UNAVAILABLE = "plain_step_unavailable"
-    #: the plain step raised; the stock step ran instead.
-    PLAIN_STEP_FAILED = "plain_step_failed"
-    #: the gate degraded to stock behaviour (the policy is not asked any more).
-    DEGRADED = "degraded"
+    #: why this decode batch cannot take the plain step (None: it can).
+    blocker: Callable[[Any], str | None]
+    #: runs before a SPEC step of a decode batch (lazy draft catch-up), or None.
+    before_spec: Callable[[Any, Any], Any] | None
 
-
-class PolicyErrors:
-    """Reasons counted in ``policy_errors_by_reason``."""
-
-    DECIDE_RAISED = "decide_raised"
-    DECIDE_INVALID = "decide_invalid"
-    OBSERVE_RAISED = "observe_raised"
-    ALL = (DECIDE_RAISED, DECIDE_INVALID, OBSERVE_RAISED)
-
-
-def default_status_dir(server_pid: int) -> Path:
-    """Where scheduler processes of server ``server_pid`` report by default."""
-    return Path(tempfile.gettempdir()) / f"eagle_gate-{server_pid}"
+    def run(self, worker: Any, batch: Any, *args: Any, **kwargs: Any) -> Any: ...
 
 
 def policy_estimates(policy: Any) -> dict[str, float]:
@@ -116,8 +106,23 @@ def policy_estimates(policy: Any) -> dict[str, float]:
         return {}
 
 
+def plain_graphs_off(setting: str) -> dict[str, Any]:
+    """The ``plain_graphs`` status block of a runtime given none (tests and
+    third-party adapters): no plain decode graphs."""
+    return {"setting": setting, "state": "off", "reason": None}
+
+
 class GateRuntime:
-    """Per-process gate state: the policy, the step counter and the counters."""
+    """Per-process gate: the policy, the step counter and the decision flow.
+
+    Everything the runtime works with is given at construction:
+    ``plain_step`` (the adapter's, or None: PLAIN decisions run SPEC, counted
+    as ``plain_step_unavailable``), ``counters``, ``on_tick`` (runtime
+    control, called as ``on_tick(runtime, step)`` every ``tick_every`` steps),
+    ``agreement`` (TP timing agreement, :mod:`eagle_gate.agreement`),
+    ``decision_log`` (:mod:`eagle_gate.decision_log`) and ``plain_graphs``
+    (the status block of the plain step's DECODE CUDA graphs).
+    """
 
     def __init__(
         self,
@@ -129,13 +134,18 @@ class GateRuntime:
         tp_rank: int = 0,
         tp_size: int = 1,
         num_draft_tokens: int = 1,
-        plain_step_available: bool = False,
+        plain_step: PlainStepLike | None = None,
         clock: Callable[[], float] = time.perf_counter,
         timer: Callable[[], float] = time.perf_counter,
         tick_every: int = 64,
         decide_budget_s: float = 1e-3,
         plain_failures_to_degrade: int = 3,
         req_len: Callable[[Any], int] | None = None,
+        counters: GateCounters | None = None,
+        on_tick: Callable[[GateRuntime, int], None] | None = None,
+        agreement: Any = None,
+        decision_log: Any = None,
+        plain_graphs: Mapping[str, Any] | None = None,
     ) -> None:
         if tick_every < 1 or tick_every & (tick_every - 1):
             raise ValueError(f"tick_every must be a power of two, got {tick_every}")
@@ -143,7 +153,8 @@ class GateRuntime:
         self.policy = policy
         self.sglang_version = sglang_version
         self.adapter = adapter
-        self.plain_step_available = plain_step_available
+        #: the adapter's plain step, or None (PLAIN decisions then run SPEC).
+        self.plain_step = plain_step
         self._clock = clock
         self._timer = timer
         #: ``req_len``: the adapter's estimate of a request's length from the
@@ -155,25 +166,15 @@ class GateRuntime:
             req_len=req_len,
         )
         self.step = 0
-        self.steps_by_mode = [0, 0]
-        self.tokens_by_mode = [0, 0]
-        #: requests x steps by mode: SPEC tokens / SPEC request-steps is the
-        #: accept length of SPEC steps alone (SGLang's own acceptance counts
-        #: every plain step as a verify that accepted nothing).
-        self.request_steps_by_mode = [0, 0]
-        self.decisions_by_mode = [0, 0]
+        self.counters = counters if counters is not None else GateCounters()
+        self.ring = DecisionRing(RING_SIZE)
         # shadow mode: decide and observe, run stock SPEC, count would-haves
         self.shadow = bool(config.shadow)
         self.shadow_ledger = ShadowLedger()
         self._shadow_seen = self.shadow
         self._predict = predicted_plain_rate(policy)
-        self.policy_errors = 0
-        #: outcomes outside the StepOutcome contract (see observe).
-        self.invalid_outcomes = 0
-        self.policy_errors_by_reason = dict.fromkeys(PolicyErrors.ALL, 0)
-        self.overrides: dict[str, int] = {}
-        self._last_log = -_LOG_EVERY_S
-        self._last_slow_log = -_LOG_EVERY_S
+        self._policy_error_log = OncePer()
+        self._slow_log = OncePer()
         self._last_resolve: float | None = None
         self._non_decode_since_resolve = True
         # runtime control (see eagle_gate.control)
@@ -181,58 +182,30 @@ class GateRuntime:
         self.last_control_error: str | None = None
         self.tick_every = tick_every
         self._tick_mask = tick_every - 1
-        #: called with the step number before deciding steps that are multiples
-        #: of ``tick_every`` (same steps on every rank); set by the ops layer.
-        self.on_tick: Callable[[int], None] | None = None
-        self.tick_errors = 0
+        #: called as ``on_tick(runtime, step)`` before deciding steps that are
+        #: multiples of ``tick_every`` (same steps on every rank).
+        self.on_tick = on_tick
         # guards
         self.decide_budget_s = decide_budget_s
-        self.slow_decisions = 0
-        self.max_decide_s = 0.0
         self.plain_failures_to_degrade = plain_failures_to_degrade
-        self.plain_step_failures = 0
-        self.consecutive_plain_failures = 0
         self.degraded: str | None = None
         self.degraded_at_step: int | None = None
-        # the last decisions: parallel fixed-size lists, written in place
-        self._ring_step = [-1] * RING_SIZE
-        self._ring_bs = [0] * RING_SIZE
-        self._ring_decided = [0] * RING_SIZE
-        self._ring_ran = [0] * RING_SIZE
-        self._ring_pos = 0
-        # dwell: runs of one mode that ran, in resolved order
-        self.current_mode: Mode | None = None
-        self._dwell_len = 0
-        #: finished dwells ``(mode, steps)``, drained by the metrics exporter.
-        self.finished_dwells: collections.deque[tuple[int, int]] = collections.deque(
-            maxlen=4096
-        )
         #: optional DecisionLog (eagle_gate.decision_log); None when off.
-        self.decision_log: Any = None
+        self.decision_log = decision_log
         #: with tp_size > 1: holds outcomes back and releases them with rank 0's
         #: timings at the same step on every rank (eagle_gate.agreement).
-        self.agreement: Any = None
-        #: the plain step's DECODE CUDA graphs (docs/plain-graphs.md): the
-        #: status block, set at activation; off until then.
-        self.plain_graphs: dict[str, Any] = {
-            "setting": getattr(config, "plain_graphs", "auto"),
-            "state": "off",
-            "reason": None,
-            "capture_bs": [],
-            "max_bs": 0,
-            "disable_padding": False,
-            "memory_mib": None,
-            "backend_mib": None,
-            "graphs_mib": None,
-            "capture_s": None,
-            "attention_backend": None,
-            "report": None,
-        }
-        #: plain steps by the target's path, and why the eager ones were eager.
-        self.plain_path = dict.fromkeys(PLAIN_PATHS, 0)
-        self.plain_eager_reasons = dict.fromkeys(PLAIN_EAGER_REASONS, 0)
-        #: the plain step's draft extends by the path SGLang takes for them.
-        self.draft_extend_path = dict.fromkeys(DRAFT_EXTEND_PATHS, 0)
+        self.agreement = agreement
+        #: the plain step's DECODE CUDA graphs (docs/plain-graphs.md): their
+        #: status block, as the adapter built them at activation.
+        self.plain_graphs: dict[str, Any] = (
+            dict(plain_graphs)
+            if plain_graphs is not None
+            else plain_graphs_off(getattr(config, "plain_graphs", "auto"))
+        )
+
+    @property
+    def plain_step_available(self) -> bool:
+        return self.plain_step is not None
 
     # -- before a decode batch --------------------------------------------
     def decide(
@@ -241,12 +214,15 @@ class GateRuntime:
         seq_len_sum: int | None,
         seq_lens: Any = None,
         reqs: Any = None,
+        batch: Any = None,
     ) -> tuple[Mode, int]:
         """Ask the policy; return the mode to RUN and this step's number.
 
         ``seq_len_sum`` / ``seq_lens``: SGLang's CPU lengths, either of them
         None when SGLang has none at hand; ``reqs``: the batch's requests, for
-        the view's estimate then (see :class:`~eagle_gate.policy.StepView`).
+        the view's estimate then (see :class:`~eagle_gate.policy.StepView`);
+        ``batch``: what the plain step's blocker judges when the policy says
+        PLAIN.
         """
         step = self.step
         self.step = step + 1
@@ -264,15 +240,15 @@ class GateRuntime:
             reqs=reqs,
         )
         if self.degraded is not None:
-            self.count_override(Overrides.DEGRADED)
-            return self._ran(step, batch_size, DECIDED_NOT_ASKED, None)
+            self.counters.count_override(Overrides.DEGRADED)
+            return self._ran_spec(step, batch_size, DECIDED_NOT_ASKED, None)
         timer = self._timer
         t0 = timer()
         try:
             mode = self.policy.decide(view)
         except Exception as exc:
             self._policy_error(PolicyErrors.DECIDE_RAISED, f"decide raised {exc!r}")
-            return self._ran(step, batch_size, DECIDED_ERROR, None)
+            return self._ran_spec(step, batch_size, DECIDED_ERROR, None)
         elapsed = timer() - t0
         if elapsed > self.decide_budget_s:
             self._slow(elapsed)
@@ -282,30 +258,31 @@ class GateRuntime:
                 PolicyErrors.DECIDE_INVALID,
                 f"decide returned {mode!r}, not an eagle_gate.Mode",
             )
-            return self._ran(step, batch_size, DECIDED_ERROR, None)
-        self.decisions_by_mode[mode] += 1
+            return self._ran_spec(step, batch_size, DECIDED_ERROR, None)
+        self.counters.decisions_by_mode[mode] += 1
         if self.shadow:
             if mode is Mode.PLAIN:
                 self.shadow_ledger.decided(step, True, self._predict, view)
             else:
                 self.shadow_ledger.decided(step, False)
-            return self._ran(step, batch_size, mode, "shadow")
-        if mode is Mode.PLAIN and not self.plain_step_available:
-            reason = Overrides.PLAIN_STEP_UNAVAILABLE
-            self.count_override(reason)
-            return self._ran(step, batch_size, mode, reason)
-        pos = self._ring_pos
-        self._ring_step[pos] = step
-        self._ring_bs[pos] = batch_size
-        self._ring_decided[pos] = mode
-        self._ring_ran[pos] = mode
-        self._ring_pos = (pos + 1) % RING_SIZE
+            return self._ran_spec(step, batch_size, mode, "shadow")
+        if mode is Mode.PLAIN:
+            plain = self.plain_step
+            reason = (
+                Overrides.PLAIN_STEP_UNAVAILABLE
+                if plain is None
+                else plain.blocker(batch)
+            )
+            if reason is not None:
+                self.counters.count_override(reason)
+                return self._ran_spec(step, batch_size, mode, reason)
+        self.ring.write(step, batch_size, mode, mode)
         log = self.decision_log
         if log is not None:
             log.decision(step, view, mode, mode, None)
         return mode, step
 
-    def _ran(
+    def _ran_spec(
         self,
         step: int,
         batch_size: int,
@@ -313,12 +290,7 @@ class GateRuntime:
         override: str | None,
     ) -> tuple[Mode, int]:
         """Record a step that runs SPEC for a reason other than the policy."""
-        pos = self._ring_pos
-        self._ring_step[pos] = step
-        self._ring_bs[pos] = batch_size
-        self._ring_decided[pos] = decided
-        self._ring_ran[pos] = Mode.SPEC
-        self._ring_pos = (pos + 1) % RING_SIZE
+        self.ring.write(step, batch_size, decided, Mode.SPEC)
         log = self.decision_log
         if log is not None:
             log.decision(step, self.view, decided, Mode.SPEC, override)
@@ -360,22 +332,22 @@ class GateRuntime:
         except Exception as exc:
             self._plain_step_failed(exc)
             return stock_step(*args, **kwargs), Mode.SPEC
-        self.consecutive_plain_failures = 0
+        self.counters.consecutive_plain_failures = 0
         return result, Mode.PLAIN
 
     def _plain_step_failed(self, exc: BaseException) -> None:
-        self.plain_step_failures += 1
-        self.consecutive_plain_failures += 1
-        self.count_override(Overrides.PLAIN_STEP_FAILED)
-        last = (self._ring_pos - 1) % RING_SIZE
-        self._ring_ran[last] = Mode.SPEC
+        counters = self.counters
+        counters.plain_step_failures += 1
+        counters.consecutive_plain_failures += 1
+        counters.count_override(Overrides.PLAIN_STEP_FAILED)
+        self.ring.set_last_ran(Mode.SPEC)
         log = self.decision_log
         if log is not None:
             log.plain_failure(self.step - 1, repr(exc))
-        if self.consecutive_plain_failures >= self.plain_failures_to_degrade:
+        if counters.consecutive_plain_failures >= self.plain_failures_to_degrade:
             self.degrade(
-                f"the plain step failed {self.consecutive_plain_failures} times in a "
-                f"row (last: {exc!r})"
+                f"the plain step failed {counters.consecutive_plain_failures} times "
+                f"in a row (last: {exc!r})"
             )
             logger.error(
                 "eagle_gate: %s; the gate is DEGRADED: every step from now on is "
@@ -383,11 +355,11 @@ class GateRuntime:
                 self.degraded,
                 exc_info=exc,
             )
-        elif self.plain_step_failures == 1 or self.plain_step_failures % 1000 == 0:
+        elif first_then_every(counters.plain_step_failures):
             logger.warning(
                 "eagle_gate: the plain step failed (%d so far: %r); this step ran "
                 "SGLang's stock speculative step",
-                self.plain_step_failures,
+                counters.plain_step_failures,
                 exc,
                 exc_info=exc,
             )
@@ -397,6 +369,20 @@ class GateRuntime:
         if self.degraded is None:
             self.degraded = reason
             self.degraded_at_step = self.step
+
+    def count_internal_error(self, what: str, exc: BaseException) -> None:
+        """The gate's own logic failed while ``what``; the step runs SGLang's
+        stock path. Counted, and logged the first time and every 1000th."""
+        counters = self.counters
+        counters.internal_errors += 1
+        if first_then_every(counters.internal_errors):
+            logger.error(
+                "eagle_gate: internal error while %s (%d so far); this step runs "
+                "SGLang's stock path",
+                what,
+                counters.internal_errors,
+                exc_info=exc,
+            )
 
     # -- after the result was resolved ---------------------------------------
     def observe(self, mode: Mode, step: int, accept_lens: Sequence[int]) -> None:
@@ -418,6 +404,7 @@ class GateRuntime:
         )
         self._last_resolve = now
         self._non_decode_since_resolve = False
+        counters = self.counters
         bad = False
         if mode is not Mode.SPEC and mode is not Mode.PLAIN:
             if mode == 0 or mode == 1:  # an int for the Mode
@@ -432,28 +419,31 @@ class GateRuntime:
         if not bad:
             if mode is Mode.PLAIN:
                 if tokens != b:  # correct it: a plain step emits one token each
-                    self.invalid_outcomes += 1
+                    counters.invalid_outcomes += 1
                     accept_lens = (1,) * b
                     tokens = b
             else:
                 k = self.view.num_draft_tokens
                 bad = tokens < b or (k > 1 and tokens > b * k)
         if bad:
-            self.invalid_outcomes += 1
+            counters.invalid_outcomes += 1
             self._non_decode_since_resolve = True
             return
         if self._shadow_seen:
             self.shadow_ledger.resolved(step, tokens, interval)
-        self.steps_by_mode[mode] += 1
-        self.tokens_by_mode[mode] += tokens
-        self.request_steps_by_mode[mode] += len(accept_lens)
-        if mode is self.current_mode:
-            self._dwell_len += 1
+        # counted here, not in a GateCounters method: this is the hot path
+        counters.steps_by_mode[mode] += 1
+        counters.tokens_by_mode[mode] += tokens
+        counters.request_steps_by_mode[mode] += b
+        if mode is counters.current_mode:
+            counters.dwell_len += 1
         else:
-            if self.current_mode is not None:
-                self.finished_dwells.append((int(self.current_mode), self._dwell_len))
-            self.current_mode = mode
-            self._dwell_len = 1
+            if counters.current_mode is not None:
+                counters.finished_dwells.append(
+                    (int(counters.current_mode), counters.dwell_len)
+                )
+            counters.current_mode = mode
+            counters.dwell_len = 1
         log = self.decision_log
         if log is not None:
             log.outcome(step, mode, accept_lens, tokens, interval)
@@ -491,15 +481,16 @@ class GateRuntime:
     # -- runtime control -----------------------------------------------------
     def _tick(self, step: int) -> None:
         try:
-            self.on_tick(step)  # type: ignore[misc]
+            self.on_tick(self, step)  # type: ignore[misc]
         except Exception:
-            self.tick_errors += 1
-            if self.tick_errors == 1 or self.tick_errors % 1000 == 0:
+            counters = self.counters
+            counters.tick_errors += 1
+            if first_then_every(counters.tick_errors):
                 logger.exception(
                     "eagle_gate: runtime control failed at step %d (%d so far); "
                     "the current policy stays",
                     step,
-                    self.tick_errors,
+                    counters.tick_errors,
                 )
 
     def apply_config(self, config: GateConfig, version: int) -> bool:
@@ -554,82 +545,34 @@ class GateRuntime:
         )
         return True
 
-    # -- counters ------------------------------------------------------------
-    def count_override(self, reason: str) -> None:
-        self.overrides[reason] = self.overrides.get(reason, 0) + 1
-
-    def count_plain_path(self, path: str, reason: str | None = None) -> None:
-        """One plain step ran the target on ``path`` ("graph" or "eager");
-        ``reason``: why it was eager (see PLAIN_EAGER_REASONS)."""
-        self.plain_path[path] = self.plain_path.get(path, 0) + 1
-        if reason is not None:
-            self.plain_eager_reasons[reason] = (
-                self.plain_eager_reasons.get(reason, 0) + 1
-            )
-
-    def count_draft_extend(self, path: str) -> None:
-        """One draft extend of the plain step (eager draft sync, or a lazy
-        catch-up) ran on ``path``: "graph" when SGLang replays its own
-        draft-extend CUDA graph, "eager" when it runs the draft eagerly."""
-        self.draft_extend_path[path] = self.draft_extend_path.get(path, 0) + 1
-
+    # -- guards ----------------------------------------------------------------
     def _policy_error(self, reason: str, what: str) -> None:
-        self.policy_errors += 1
-        self.policy_errors_by_reason[reason] = (
-            self.policy_errors_by_reason.get(reason, 0) + 1
-        )
-        now = time.monotonic()
-        if now - self._last_log >= _LOG_EVERY_S:
-            self._last_log = now
+        total = self.counters.count_policy_error(reason)
+        if self._policy_error_log.ready():
             logger.warning(
                 "eagle_gate: policy %r %s; this step runs SGLang's stock speculative"
                 " path (policy errors so far: %d; logged at most once a minute)",
                 self.config.policy,
                 what,
-                self.policy_errors,
+                total,
             )
 
     def _slow(self, elapsed: float) -> None:
-        self.slow_decisions += 1
-        if elapsed > self.max_decide_s:
-            self.max_decide_s = elapsed
-        now = time.monotonic()
-        if now - self._last_slow_log >= _LOG_EVERY_S:
-            self._last_slow_log = now
+        total = self.counters.count_slow_decision(elapsed)
+        if self._slow_log.ready():
             logger.warning(
                 "eagle_gate: policy %r took %.3f ms to decide (budget %.3f ms; slow "
                 "decisions so far: %d; logged at most once a minute)",
                 self.config.policy,
                 elapsed * 1e3,
                 self.decide_budget_s * 1e3,
-                self.slow_decisions,
+                total,
             )
 
     # -- reporting -----------------------------------------------------------
-    def spec_accept_length(self) -> float | None:
-        """Mean tokens per request of SPEC steps (bonus token included), or
-        None before the first one: acceptance without the plain steps."""
-        n = self.request_steps_by_mode[0]
-        return self.tokens_by_mode[0] / n if n else None
-
     def last_decisions(self) -> list[dict[str, Any]]:
         """The ring of the last decisions, oldest first."""
-        out = []
-        pos = self._ring_pos
-        for i in range(RING_SIZE):
-            j = (pos + i) % RING_SIZE
-            step = self._ring_step[j]
-            if step < 0:
-                continue
-            out.append(
-                {
-                    "step": step,
-                    "batch_size": self._ring_bs[j],
-                    "decided": DECIDED_NAMES[self._ring_decided[j]],
-                    "ran": MODE_NAMES[self._ring_ran[j]],
-                }
-            )
-        return out
+        return self.ring.entries()
 
     def status(self) -> dict[str, Any]:
         """A JSON-able snapshot (safe to call from another thread: best effort)."""
@@ -649,35 +592,9 @@ class GateRuntime:
             "shadow": self.shadow,
             "shadow_totals": self.shadow_ledger.snapshot(),
             "step": self.step,
-            "mode": (
-                None if self.current_mode is None else MODE_NAMES[self.current_mode]
-            ),
-            "steps": {"spec": self.steps_by_mode[0], "plain": self.steps_by_mode[1]},
-            "tokens": {
-                "spec": self.tokens_by_mode[0],
-                "plain": self.tokens_by_mode[1],
-            },
-            "request_steps": {
-                "spec": self.request_steps_by_mode[0],
-                "plain": self.request_steps_by_mode[1],
-            },
-            "spec_accept_length": self.spec_accept_length(),
-            "decisions": {
-                "spec": self.decisions_by_mode[0],
-                "plain": self.decisions_by_mode[1],
-            },
-            "policy_errors": self.policy_errors,
-            "invalid_outcomes": self.invalid_outcomes,
-            "policy_errors_by_reason": dict(self.policy_errors_by_reason),
-            "slow_decisions": self.slow_decisions,
+            **self.counters.as_status(),
             "decide_budget_s": self.decide_budget_s,
-            "max_decide_s": self.max_decide_s,
-            "overrides": dict(self.overrides),
-            "plain_step_failures": self.plain_step_failures,
             "plain_graphs": dict(self.plain_graphs),
-            "plain_path": dict(self.plain_path),
-            "plain_eager_reasons": dict(self.plain_eager_reasons),
-            "draft_extend_path": dict(self.draft_extend_path),
             "degraded": self.degraded is not None,
             "degraded_reason": self.degraded,
             "degraded_at_step": self.degraded_at_step,

@@ -236,7 +236,7 @@ def spec_step_stand_in(harness: Harness, mwb, k: int):
         mwb.seq_lens_cpu = seq_lens_cpu + j
         mwb.seq_lens_sum = int(mwb.seq_lens_cpu.sum())
         mwb.spec_info = verified
-        step = adapter.plain_step(harness.worker, mwb, draft_sync="none")
+        step = adapter.plain.plain_step(harness.worker, mwb, draft_sync="none")
         runs.append(step.next_token_ids[::STRIDE])
         verified = step.next_draft_input
     flat = torch.zeros(bs * STRIDE, dtype=torch.int32)

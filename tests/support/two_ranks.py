@@ -38,9 +38,9 @@ class P:
     def observe(self, outcome): pass
 
 rt = GateRuntime(GateConfig("threshold"), P(), sglang_version="t", adapter="t",
-                 tp_rank=rank, tp_size=2, tick_every=4)
-rt.on_tick = ControlAgreement(rt, ControlFile(d), is_source=rank == 0,
-                              broadcast=torch_broadcast(group))
+                 tp_rank=rank, tp_size=2, tick_every=4,
+                 on_tick=ControlAgreement(ControlFile(d), is_source=rank == 0,
+                                          broadcast=torch_broadcast(group)))
 switched = None
 for step in range(24):
     if rank == 0 and step == write_step:

@@ -1,9 +1,11 @@
 """Choose the adapter for the installed SGLang.
 
-Each supported SGLang version family has exactly one adapter module holding all
-knowledge of that version. Any other version is refused with the supported
-list, unless the operator opts in (``--gate-allow-untested-sglang`` /
-``EAGLE_GATE_ALLOW_UNTESTED_SGLANG=1``) to try the nearest adapter; even then
+Each supported SGLang version family has exactly one adapter package
+(``sglang_<version>``) holding all knowledge of that version; what every
+version shares lives beside them (see docs/architecture.md). Any other
+version is refused with the supported list, unless the operator opts in
+(``--gate-allow-untested-sglang`` / ``EAGLE_GATE_ALLOW_UNTESTED_SGLANG=1``)
+to try the nearest adapter; even then
 every patch target must exist with the signature that adapter expects.
 """
 
@@ -14,7 +16,8 @@ import importlib.metadata
 import logging
 from types import ModuleType
 
-from eagle_gate.adapters._base import GatePatchError, GateRefused
+from eagle_gate.adapters.patching import GatePatchError
+from eagle_gate.adapters.refusals import GateRefused
 
 logger = logging.getLogger("eagle_gate")
 

@@ -1,0 +1,193 @@
+"""The wrappers the gate installs on SGLang, and the process's gate they use.
+
+Three wrappers, the same for every SGLang version (a version passes only its
+patch targets and the name of the worker's batch parameter):
+
+* around ``EAGLEWorkerV2.forward_batch_generation``: decode batches go
+  through :meth:`GateRuntime.decide <eagle_gate.runtime.GateRuntime.decide>`
+  and then the plain step or SGLang's stock step; everything else passes;
+* around the scheduler's spec-v2 result resolver: the resolved accept lengths
+  go to :meth:`GateRuntime.observe <eagle_gate.runtime.GateRuntime.observe>`;
+* around ``Scheduler.__init__``: the version's activation once SGLang's own
+  init has run (it may refuse the setup).
+
+Never breaking the host: a failure of the gate's own logic in a wrapper is
+counted (``internal_errors``) and that step runs SGLang's stock path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from eagle_gate.adapters.patching import Instrumentor, PatchTarget
+from eagle_gate.policy import Mode
+from eagle_gate.runtime import GateRuntime
+
+__all__ = [
+    "ACTIVE",
+    "RESULT_MODE_ATTR",
+    "RESULT_STEP_ATTR",
+    "SCHEDULER_ENTRY_TARGET",
+    "version_patches",
+    "make_worker_wrapper",
+    "resolver_wrapper",
+    "scheduler_init_wrapper",
+]
+
+#: attributes the worker wrapper sets on a result for the resolver wrapper.
+RESULT_MODE_ATTR = "eagle_gate_mode"
+RESULT_STEP_ATTR = "eagle_gate_step"
+
+
+class _Active:
+    """The gate of this process (one per scheduler process)."""
+
+    #: the runtime the wrappers use: None unless the gate is gating (idle
+    #: servers and other processes: the wrappers pass everything through).
+    runtime: GateRuntime | None = None
+    #: this process's runtime whether gating or idle (status, metrics, control).
+    gate: GateRuntime | None = None
+    #: the ops thread of this process (eagle_gate.ops.OpsService), if active.
+    ops: Any = None
+
+
+ACTIVE = _Active()
+
+
+def _batch_arg(args: tuple, kwargs: dict, name: str, instance: Any) -> Any:
+    # See resolver_wrapper for why ``instance is None`` shifts the position.
+    return kwargs[name] if name in kwargs else args[instance is None]
+
+
+def make_worker_wrapper(batch_param: str) -> Callable:
+    """The wrapper around ``EAGLEWorkerV2.forward_batch_generation``;
+    ``batch_param``: the name of the version's batch parameter.
+
+    Decode batches go through the policy; everything else passes untouched.
+    Any failure of the gate's own logic runs the stock step (never a crash).
+    """
+
+    def forward_batch_generation(wrapped, instance, args, kwargs):
+        runtime = ACTIVE.runtime
+        if runtime is None:
+            return wrapped(*args, **kwargs)
+        try:
+            batch = _batch_arg(args, kwargs, batch_param, instance)
+            fm = batch.forward_mode
+            decode = not (fm.is_extend() or batch.is_extend_in_batch or fm.is_idle())
+            if not decode and not fm.is_idle():
+                runtime.note_non_decode_batch()
+        except Exception as exc:
+            runtime.count_internal_error("inspecting the batch", exc)
+            return wrapped(*args, **kwargs)
+        if not decode:
+            return wrapped(*args, **kwargs)
+        try:
+            # 0.5.23 may leave seq_lens_cpu / seq_lens_sum None (backends
+            # without CPU lengths, after filter/merge): the view then sums
+            # seq_lens_cpu or estimates from reqs, only if a policy reads it.
+            # PLAIN comes back only when the plain step can serve the batch.
+            mode, step = runtime.decide(
+                batch.seq_lens.shape[0],
+                batch.seq_lens_sum,
+                batch.seq_lens_cpu,
+                getattr(batch, "reqs", None),
+                batch,
+            )
+        except Exception as exc:
+            runtime.count_internal_error("deciding", exc)
+            return wrapped(*args, **kwargs)
+        plain = runtime.plain_step
+        if mode is Mode.PLAIN:
+            # A failing plain step runs SGLang's stock step instead (counted;
+            # repeated failures degrade the gate to stock for the rest of the run).
+            # Everything SGLang passed goes on, keywords included: 0.5.23's
+            # scheduler hands ``on_publish=`` (overlap scheduling) by keyword.
+            result, mode = runtime.run_plain_step(
+                plain.run, (instance, *args), kwargs, wrapped, args, kwargs
+            )
+        else:
+            if plain is not None and plain.before_spec is not None:
+                try:
+                    plain.before_spec(instance, batch)
+                except Exception as exc:  # the draft stays stale; outputs do not
+                    runtime.count_internal_error("catching the draft up", exc)
+            result = wrapped(*args, **kwargs)
+        setattr(result, RESULT_MODE_ATTR, mode)
+        setattr(result, RESULT_STEP_ATTR, step)
+        return result
+
+    return forward_batch_generation
+
+
+def resolver_wrapper(wrapped, instance, args, kwargs):
+    """The wrapper around the scheduler's spec-v2 result resolver."""
+    tokens = wrapped(*args, **kwargs)
+    runtime = ACTIVE.runtime
+    if runtime is None:
+        return tokens
+    # Called on an instance, args are (result, batch); called through the
+    # class with the instance first (wrapt passes instance=None), one later.
+    result = kwargs["result"] if "result" in kwargs else args[instance is None]
+    mode = getattr(result, RESULT_MODE_ATTR, None)
+    if mode is None:
+        return tokens
+    try:
+        # the accept lengths, counted in C (no bytecodes per request)
+        runtime.observe(mode, getattr(result, RESULT_STEP_ATTR), list(map(len, tokens)))
+    except Exception as exc:
+        runtime.count_internal_error("observing", exc)
+    return tokens
+
+
+def scheduler_init_wrapper(activate_in_scheduler: Callable[[Any], Any]) -> Callable:
+    """The wrapper around ``Scheduler.__init__``: SGLang's own init, then the
+    gate's activation in this scheduler process (which may refuse the setup)."""
+
+    def init(wrapped, instance, args, kwargs):
+        wrapped(*args, **kwargs)
+        activate_in_scheduler(instance)
+
+    return init
+
+
+#: SGLang's scheduler process entry (both versions): checked, not wrapped.
+#: 0.5.9's launcher hands SGLang a replacement that instruments the spawned
+#: process first; 0.5.23 loads plugins (eagle_gate among them) at its start.
+SCHEDULER_ENTRY_TARGET = PatchTarget(
+    "sglang.srt.managers.scheduler",
+    "run_scheduler_process",
+    ("server_args", "port_args", "gpu_id", "tp_rank"),
+)
+
+
+def version_patches(
+    version: Any, *checked: PatchTarget
+) -> tuple[Instrumentor, tuple[PatchTarget, ...]]:
+    """A version's instrumentor and every target it relies on.
+
+    The instrumentor puts the three wrappers on the targets the version
+    module names (``WORKER_TARGET`` with its ``WORKER_BATCH_PARAM``,
+    ``RESOLVER_TARGET``, ``SCHEDULER_INIT_TARGET``); a scheduler being built
+    calls the module's ``activate_in_scheduler``. The targets (for doctor and
+    untested versions) are those three, the scheduler entry, the version's
+    own ``checked`` ones and its plain graphs' (``version.graphs.TARGETS``).
+    """
+    instrumentor = Instrumentor(
+        [
+            (version.WORKER_TARGET, make_worker_wrapper(version.WORKER_BATCH_PARAM)),
+            (version.RESOLVER_TARGET, resolver_wrapper),
+            (
+                version.SCHEDULER_INIT_TARGET,
+                scheduler_init_wrapper(lambda s: version.activate_in_scheduler(s)),
+            ),
+        ]
+    )
+    targets = (
+        *instrumentor.targets,
+        SCHEDULER_ENTRY_TARGET,
+        *checked,
+        *version.graphs.TARGETS,
+    )
+    return instrumentor, targets

@@ -1,0 +1,154 @@
+"""The speculative setups the gate refuses, and why.
+
+A setup the gate cannot gate exactly is refused at launch (and again in each
+scheduler, which sees what SGLang built) with :class:`GateRefused`, whose
+message says what to pass instead. Passing such a setup through silently
+would leave an operator believing the gate is at work, or break the server.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from eagle_gate.config import GateConfig
+
+logger = logging.getLogger("eagle_gate")
+
+__all__ = [
+    "GateRefused",
+    "DP_ATTENTION_REFUSAL",
+    "PP_REFUSAL",
+    "check_speculation",
+    "check_lazy_buffer",
+    "lazy_buffer_bytes",
+]
+
+
+class GateRefused(RuntimeError):
+    """The server configuration is one the gate does not handle."""
+
+
+#: why data-parallel attention is refused (both versions).
+DP_ATTENTION_REFUSAL = (
+    "data-parallel attention (--enable-dp-attention / --attn-dp-size > 1) is not "
+    "handled by eagle_gate: DP ranks exchange token counts every step for their "
+    "MLP sync, and a PLAIN step's count (batch size) differs from a SPEC or idle "
+    "rank's (batch size x draft tokens), so ranks would hang in a collective or "
+    "mix activations. Launch without data-parallel attention, or without "
+    "eagle_gate"
+)
+#: why pipeline parallelism is refused (both versions).
+PP_REFUSAL = (
+    "pipeline parallelism (--pp-size > 1) is not handled by eagle_gate: SGLang "
+    "pre-builds each round's verify input on the earlier stages, so the gate "
+    "could only ever run SPEC there; it refuses rather than sit idle while "
+    "looking active. Launch without eagle_gate for pipeline-parallel serving"
+)
+
+
+def check_speculation(
+    server_args: Any,
+    *,
+    extra_refusals: Sequence[tuple[str, str]] = (),
+    attn_dp_size: int = 1,
+    pp_size: int = 1,
+    rejection_sampling: bool = False,
+    draft_sync: str | None = None,
+) -> tuple[bool, str]:
+    """Decide what the gate does with this server's speculative settings.
+
+    Returns ``(gated, state)``. Raises GateRefused for speculative setups the
+    gate does not handle in any SGLang version (other algorithms, multi-layer
+    EAGLE, a draft tree wider than topk 1, data-parallel attention, pipeline
+    parallelism, rejection sampling without eager draft sync), because passing
+    them through silently would leave an operator believing the gate is at
+    work, or would break the server. ``extra_refusals`` are a version's own
+    ``(server_args attribute, reason)`` pairs, refused when truthy; the
+    version also says what it resolved for ``attn_dp_size``, ``pp_size`` and
+    ``rejection_sampling``. ``draft_sync``: the gate's setting (None: not
+    known here, checked later).
+    """
+    algorithm = getattr(server_args, "speculative_algorithm", None)
+    if algorithm is None or str(algorithm).upper() == "NONE":
+        return False, "idle: speculation is off, every step is SGLang's own"
+    name = str(algorithm).upper()
+    if name not in {"EAGLE", "EAGLE3"}:
+        raise GateRefused(
+            f"--speculative-algorithm {algorithm} is not handled by eagle_gate; "
+            "supported: EAGLE, EAGLE3 (or no speculation). Launch without "
+            "eagle_gate to use it."
+        )
+    refusals = (
+        (
+            "enable_multi_layer_eagle",
+            "--enable-multi-layer-eagle is not handled by eagle_gate",
+        ),
+        *extra_refusals,
+    )
+    for attribute, reason in refusals:
+        if getattr(server_args, attribute, None):
+            raise GateRefused(reason)
+    if getattr(server_args, "enable_dp_attention", False) or (attn_dp_size or 1) > 1:
+        raise GateRefused(DP_ATTENTION_REFUSAL)
+    if (pp_size or 1) > 1:
+        raise GateRefused(PP_REFUSAL)
+    if rejection_sampling and draft_sync not in (None, "eager"):
+        raise GateRefused(
+            f"--gate-draft-sync {draft_sync} with rejection sampling "
+            "(--speculative-use-rejection-sampling, SGLang's default for EAGLE on "
+            "ROCm) is refused: a plain step that skips the draft leaves the draft "
+            "distribution (draft_probs) stale, and the next verify would accept "
+            "tokens against a q that did not propose them, biasing the output. "
+            "Use --gate-draft-sync eager (the default), which keeps it exact"
+        )
+    topk = getattr(server_args, "speculative_eagle_topk", None)
+    if topk not in (None, 1):
+        raise GateRefused(
+            f"--speculative-eagle-topk {topk} is not handled by eagle_gate: the "
+            "plain step and the spec-v2 path it joins need a chain of drafts; use "
+            "--speculative-eagle-topk 1"
+        )
+    return True, f"gating {name}"
+
+
+def lazy_buffer_bytes(rows: int, width: int, hidden: int, dtype_bytes: int) -> int:
+    """Bytes of the lazy draft-sync ring: hidden rows plus int64 tokens."""
+    return rows * width * (hidden * dtype_bytes + 8)
+
+
+def check_lazy_buffer(scheduler: Any, server_args: Any, config: GateConfig) -> int:
+    """Report the lazy buffer's size at start and refuse it above the bound.
+
+    The width the draft's hidden input has is the target's hidden size, three
+    times it for EAGLE3 (its auxiliary layers), or the model config's
+    ``spec_hidden_size`` where the version has one.
+    """
+    worker = scheduler.draft_worker
+    rows = int(worker.req_to_token_pool.req_to_token.shape[0])
+    width = int(worker.speculative_num_draft_tokens)
+    model_config = worker.target_worker.model_config
+    hidden = getattr(model_config, "spec_hidden_size", None)
+    if not hidden:
+        aux = 3 if str(server_args.speculative_algorithm).upper() == "EAGLE3" else 1
+        hidden = aux * int(model_config.hidden_size)
+    dtype_bytes = getattr(model_config.dtype, "itemsize", 2)
+    size = lazy_buffer_bytes(rows, width, int(hidden), int(dtype_bytes))
+    bound = config.lazy_max_mib * 2**20
+    logger.info(
+        "eagle_gate: lazy draft sync will keep %d request slots x %d positions x "
+        "%d hidden: %.1f MiB (bound %d MiB)",
+        rows,
+        width,
+        hidden,
+        size / 2**20,
+        config.lazy_max_mib,
+    )
+    if size > bound:
+        raise GateRefused(
+            f"lazy draft sync needs {size / 2**20:.0f} MiB for its buffer, above "
+            f"lazy_max_mib={config.lazy_max_mib}; raise --gate-lazy-max-mib or "
+            "use --gate-draft-sync eager"
+        )
+    return size

@@ -1,0 +1,172 @@
+"""Adapter for SGLang 0.5.23 (newest supported release).
+
+What this version needs (read from the 0.5.23 wheel):
+
+* EAGLE / EAGLE3 always run ``EAGLEWorkerV2`` (spec v1 and the
+  ``SGLANG_ENABLE_SPEC_V2`` switch are gone), synchronously when overlap
+  scheduling is off. The worker receives the ``ScheduleBatch``:
+  ``forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None,
+  pp_proxy_tensors=None)``.
+* The resolver moved to
+  ``SchedulerBatchResultProcessor._resolve_spec_v2_tokens`` and reads the stride
+  from the RESULT (``speculative_output_stride`` or
+  ``speculative_num_draft_tokens``) and ``num_non_draft_tokens_per_req``.
+* SGLang loads ``sglang.srt.plugins`` entry points in every process; eagle_gate
+  registers there (``eagle_gate.sglang_plugin:load``), so stock
+  ``python -m sglang.launch_server`` gets the gate when it is enabled through
+  the environment. SGLang's own hook registry only logs patch failures; our
+  plugin raises SystemExit instead so a failed patch stops the launch.
+* SGLang's own adaptive speculation (``--speculative-adaptive``) would fight the
+  gate over the same decision and is refused.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from eagle_gate.adapters.hooks import version_patches
+from eagle_gate.adapters.patching import PatchTarget
+from eagle_gate.adapters.refusals import GateRefused, check_speculation
+from eagle_gate.adapters.sglang_0_5_23 import graphs, plain  # noqa: F401
+
+SGLANG_VERSIONS = ("0.5.23",)
+NAME = "sglang-0.5.23"
+
+WORKER_MODULE = "sglang.srt.speculative.eagle_worker_v2"
+RESOLVER_MODULE = "sglang.srt.managers.scheduler_components.batch_result_processor"
+SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
+
+WORKER_TARGET = PatchTarget(
+    WORKER_MODULE,
+    "EAGLEWorkerV2.forward_batch_generation",
+    ("self", "batch", "on_publish", "grammar_barrier", "pp_proxy_tensors"),
+)
+#: the name of the worker's batch parameter (keyword or position 1).
+WORKER_BATCH_PARAM = "batch"
+RESOLVER_TARGET = PatchTarget(
+    RESOLVER_MODULE,
+    "SchedulerBatchResultProcessor._resolve_spec_v2_tokens",
+    ("self", "result", "batch"),
+)
+SCHEDULER_INIT_TARGET = PatchTarget(
+    SCHEDULER_MODULE, "Scheduler.__init__", ("self", "server_args", "port_args")
+)
+PLUGIN_LOADER_TARGET = PatchTarget("sglang.srt.plugins", "load_plugins", ())
+
+
+#: this package, as the shared code sees it (eagle_gate.adapters.protocol).
+ADAPTER = sys.modules[__name__]
+#: the wrappers, and every target this adapter relies on (doctor; untested
+#: versions).
+INSTRUMENTOR, TARGETS = version_patches(ADAPTER, PLUGIN_LOADER_TARGET)
+_instrument, _uninstrument = INSTRUMENTOR.instrument, INSTRUMENTOR.uninstrument
+
+
+def check_server_args(
+    server_args: Any, environ: dict | None = None, *, draft_sync: str | None = None
+) -> tuple[bool, str]:
+    """Refuse speculative setups the gate cannot run on 0.5.23.
+
+    0.5.23 resolves some settings after parsing (``--enable-dp-attention``
+    becomes ``attn_dp_size``; rejection sampling is switched on by default for
+    EAGLE on ROCm): the resolved values are read where SGLang keeps them.
+    """
+    return check_speculation(
+        server_args,
+        extra_refusals=[
+            (
+                "speculative_adaptive",
+                "--speculative-adaptive is SGLang's own adaptive speculation and "
+                "would fight eagle_gate over the same decision; use one of them",
+            ),
+        ],
+        attn_dp_size=_resolved(server_args, "attn_dp_size") or 1,
+        pp_size=_resolved(server_args, "pp_size") or 1,
+        rejection_sampling=bool(
+            _resolved(server_args, "speculative_use_rejection_sampling")
+        ),
+        draft_sync=draft_sync,
+    )
+
+
+def _resolved(server_args: Any, name: str) -> Any:
+    """A setting as SGLang resolved it: 0.5.23's resolution records some
+    values as declarations over the parsed fields (``resolving_view`` reads
+    them); a pre-parsed flag namespace has only the raw attribute."""
+    try:
+        from sglang.srt.arg_groups.model_override_base import resolving_view
+
+        return getattr(resolving_view(server_args), name)
+    except Exception:
+        return getattr(server_args, name, None)
+
+
+def check_scheduler(scheduler: Any, config: Any) -> None:
+    """Refusals that need the built scheduler: lazy draft sync keeps its
+    bookkeeping from SGLang's CPU sequence lengths, which 0.5.23's overlap
+    scheduler does not keep when no attention backend needs them (Triton, FA3,
+    trtllm_mha declare ``needs_cpu_seq_lens = False``; FlashInfer does not).
+    Without overlap the scheduler keeps them on the batch itself."""
+    future_map = getattr(scheduler, "future_map", None)
+    if (
+        config.plain_step
+        and config.draft_sync == "lazy"
+        and getattr(scheduler, "enable_overlap", True)
+        and getattr(future_map, "needs_cpu_seq_lens", True) is False
+    ):
+        backend = type(scheduler.tp_worker.model_runner.attn_backend).__name__
+        raise GateRefused(
+            "--gate-draft-sync lazy needs SGLang's CPU sequence lengths, and this "
+            f"server's attention backends ({backend}) run without them under the "
+            "overlap scheduler (SGLang skips that copy for Triton, FA3 and "
+            "trtllm_mha); use --gate-draft-sync eager (the default) or none, or "
+            "an attention backend that keeps them (FlashInfer)"
+        )
+
+
+def committed_len(req: Any) -> int:
+    """A request's committed KV length from the scheduler's CPU bookkeeping:
+    the sequence-length estimate when the batch has no CPU lengths (it lags
+    the device by the verifies still in flight)."""
+    return req.kv.kv_committed_len
+
+
+def _parallel() -> Any:
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        return get_parallel()
+    except Exception:
+        return None
+
+
+def activate_in_scheduler(scheduler: Any, config=None):
+    """Runs right after ``Scheduler.__init__`` in each scheduler process."""
+    from eagle_gate.adapters.activation import activate_scheduler
+
+    par = _parallel()
+    return activate_scheduler(
+        ADAPTER,
+        scheduler,
+        tp_rank=int(getattr(par, "tp_rank", 0) or 0),
+        tp_size=int(getattr(par, "tp_size", 1) or 1),
+        dp_rank=getattr(par, "dp_rank", None),
+        worker_hint="eagle_gate only gates EAGLEWorkerV2",
+        config=config,
+    )
+
+
+def load_sglang_plugins() -> None:
+    """Run SGLang's plugin loading in the launcher, as its own launcher does."""
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+
+
+def serve(server_args: Any) -> None:
+    """Run SGLang's own server dispatch; schedulers get the gate through
+    SGLang's plugin loading (``eagle_gate.sglang_plugin``)."""
+    from sglang.launch_server import run_server
+
+    run_server(server_args)

@@ -1,0 +1,146 @@
+"""Adapter for SGLang 0.5.9 (the spec-v2 overlap path of the reference runs).
+
+What this version needs (read from the 0.5.9 wheel):
+
+* EAGLE / EAGLE3 run through ``EAGLEWorkerV2`` only when the environment has
+  ``SGLANG_ENABLE_SPEC_V2=1`` and overlap scheduling is on; otherwise SGLang
+  falls back to the v1 worker, which the gate does not patch (refused).
+* ``EAGLEWorkerV2.forward_batch_generation(self, model_worker_batch)``.
+* The resolver ``SchedulerOutputProcessorMixin._resolve_spec_overlap_token_ids``
+  takes a FIXED stride ``self.draft_worker.speculative_num_draft_tokens``.
+* No plugin mechanism: schedulers are spawned, so the launcher hands SGLang
+  :func:`run_scheduler_process`, which instruments the child and then runs
+  SGLang's own entry function.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from eagle_gate.adapters.hooks import version_patches
+from eagle_gate.adapters.patching import PatchTarget
+from eagle_gate.adapters.refusals import GateRefused, check_speculation
+from eagle_gate.adapters.sglang_0_5_9 import graphs, plain  # noqa: F401
+
+SGLANG_VERSIONS = ("0.5.9",)
+NAME = "sglang-0.5.9"
+
+WORKER_MODULE = "sglang.srt.speculative.eagle_worker_v2"
+RESOLVER_MODULE = "sglang.srt.managers.scheduler_output_processor_mixin"
+SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
+
+WORKER_TARGET = PatchTarget(
+    WORKER_MODULE,
+    "EAGLEWorkerV2.forward_batch_generation",
+    ("self", "model_worker_batch"),
+)
+#: the name of the worker's batch parameter (keyword or position 1).
+WORKER_BATCH_PARAM = "model_worker_batch"
+RESOLVER_TARGET = PatchTarget(
+    RESOLVER_MODULE,
+    "SchedulerOutputProcessorMixin._resolve_spec_overlap_token_ids",
+    ("self", "result", "batch"),
+)
+SCHEDULER_INIT_TARGET = PatchTarget(
+    SCHEDULER_MODULE,
+    "Scheduler.__init__",
+    ("self", "server_args", "port_args", "gpu_id", "tp_rank"),
+)
+LAUNCH_TARGET = PatchTarget(
+    "sglang.srt.entrypoints.http_server",
+    "launch_server",
+    ("server_args", "init_tokenizer_manager_func", "run_scheduler_process_func"),
+)
+
+#: environment SGLang 0.5.9 reads to choose the spec-v2 worker.
+SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
+
+
+#: this package, as the shared code sees it (eagle_gate.adapters.protocol).
+ADAPTER = sys.modules[__name__]
+#: the wrappers, and every target this adapter relies on (doctor; untested
+#: versions).
+INSTRUMENTOR, TARGETS = version_patches(ADAPTER, LAUNCH_TARGET)
+_instrument, _uninstrument = INSTRUMENTOR.instrument, INSTRUMENTOR.uninstrument
+
+
+def check_server_args(
+    server_args: Any, environ: dict | None = None, *, draft_sync: str | None = None
+) -> tuple[bool, str]:
+    """Refuse speculative setups the gate cannot run on 0.5.9 (see module doc)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    gated, state = check_speculation(
+        server_args,
+        extra_refusals=[
+            (
+                "disable_overlap_schedule",
+                "eagle_gate on SGLang 0.5.9 needs the spec-v2 worker, which SGLang "
+                "only uses with overlap scheduling: drop --disable-overlap-schedule",
+            ),
+        ],
+        pp_size=getattr(server_args, "pp_size", 1) or 1,
+        draft_sync=draft_sync,
+    )
+    if gated:
+        if env.get(SPEC_V2_ENV, "").lower() not in {"1", "true", "yes", "on"}:
+            raise GateRefused(
+                f"{SPEC_V2_ENV}=1 is required on SGLang 0.5.9 (without it SGLang runs "
+                "the v1 EAGLE worker); python -m eagle_gate.launch sets it for you"
+            )
+    return gated, state
+
+
+def committed_len(req: Any) -> int:
+    """A request's committed KV length (CPU bookkeeping). 0.5.9 always hands
+    the worker CPU sequence lengths, so this estimate is never needed there."""
+    return req.kv_committed_len
+
+
+def activate_in_scheduler(scheduler: Any, config=None):
+    """Runs right after ``Scheduler.__init__`` in each scheduler process."""
+    from eagle_gate.adapters.activation import activate_scheduler
+
+    return activate_scheduler(
+        ADAPTER,
+        scheduler,
+        tp_rank=int(getattr(scheduler, "tp_rank", 0) or 0),
+        tp_size=int(getattr(scheduler, "tp_size", 1) or 1),
+        dp_rank=getattr(scheduler, "dp_rank", None),
+        worker_hint=f"the gate needs the spec-v2 path ({SPEC_V2_ENV}=1, overlap "
+        "scheduling on)",
+        config=config,
+    )
+
+
+def check_scheduler(scheduler: Any, config: Any) -> None:
+    """Nothing to refuse on 0.5.9 once the scheduler is built: it always
+    hands the worker CPU sequence lengths (lazy draft sync's bookkeeping)."""
+
+
+def run_scheduler_process(*args: Any, **kwargs: Any) -> Any:
+    """Scheduler entry handed to SGLang: instrument this (spawned) process, then
+    run SGLang's own ``run_scheduler_process``. A patch that cannot be applied
+    raises here, the scheduler dies before reporting ready, and the launch stops.
+    """
+    _instrument()
+    INSTRUMENTOR.require_applied([SCHEDULER_MODULE, RESOLVER_MODULE])
+    from sglang.srt.managers.scheduler import run_scheduler_process as original
+
+    return original(*args, **kwargs)
+
+
+def serve(server_args: Any) -> None:
+    """Run SGLang's HTTP server with our scheduler entry function."""
+    if getattr(server_args, "grpc_mode", False) or getattr(
+        server_args, "encoder_only", False
+    ):
+        raise GateRefused(
+            "python -m eagle_gate.launch runs SGLang's HTTP server; --grpc-mode "
+            "and --encoder-only are not supported on SGLang 0.5.9"
+        )
+    from sglang.srt.entrypoints.http_server import launch_server
+
+    launch_server(server_args, run_scheduler_process_func=run_scheduler_process)
