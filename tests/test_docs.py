@@ -57,16 +57,20 @@ def prose_lines(text: str) -> list[tuple[int, str]]:
 
 
 def links(path: Path) -> list[tuple[int, str]]:
-    """Every link target of a Markdown file, with its line number."""
+    """Every link target of a Markdown file, with its line number. A link's
+    text may run over several lines; fenced code blocks hold no links."""
+    text = path.read_text(encoding="utf-8")
+    prose = dict(prose_lines(text))
+    lines = [prose.get(n, "") for n in range(1, len(text.splitlines()) + 1)]
     found = []
-    for number, line in prose_lines(path.read_text(encoding="utf-8")):
+    for number, line in enumerate(lines, 1):
         m = REFERENCE_DEF.match(line)
         if m:
             found.append((number, m.group(1)))
-            continue
-        for m in INLINE_LINK.finditer(line):
-            found.append((number, m.group(1)))
-    return found
+    joined = "\n".join(lines)
+    for m in INLINE_LINK.finditer(joined):
+        found.append((joined.count("\n", 0, m.start(1)) + 1, m.group(1)))
+    return sorted(found)
 
 
 def slug(heading: str) -> str:
@@ -135,12 +139,19 @@ def test_link_check_catches_a_dead_file_and_a_dead_anchor(tmp_path):
         "# Top\n\n## Sizing `--mem-fraction-static`\n\n"
         "[ok](#sizing---mem-fraction-static) [ok too](page.md#top)\n"
         "[gone](missing.md) [bad anchor](#nowhere) [web](https://example.com/x)\n"
+        "[two\nlines](#top) [two\nlines, dead](#gone)\n"
         "```\n[not a link](nothing.md)\n```\n",
         encoding="utf-8",
     )
     problems = broken_links([page], root=tmp_path)
-    assert len(problems) == 2, problems
-    assert "missing.md" in problems[0] and "#nowhere" in problems[1]
+    assert sorted(p.split(": ", 1)[0] for p in problems) == [
+        "page.md:6",
+        "page.md:6",
+        "page.md:9",  # the line where the target stands
+    ], problems
+    assert any("no such file missing.md" in p for p in problems), problems
+    assert any("no heading #nowhere" in p for p in problems), problems
+    assert any("(#gone): no heading #gone" in p for p in problems), problems
 
 
 def test_slug_matches_githubs_anchors():
