@@ -158,3 +158,43 @@ def test_simulator_and_test_driver_keep_the_contract():
 
 def test_view_is_not_needed_for_predicted_plain_rate_of_empty_batch():
     assert Goodput().predicted_plain_rate(StepView(batch_size=0)) is None
+
+
+def test_draft_matches_of_plain_steps_reach_the_policy_and_the_status():
+    pol = Recorder()
+    rt = runtime(pol)
+    rt.observe(Mode.PLAIN, 0, [1, 1, 1], 2)
+    rt.observe(Mode.PLAIN, 1, [1, 1], None)  # lazy/none sync: not measured
+    rt.observe(Mode.SPEC, 2, [3, 1, 2, 1])  # two of four accepted a draft token
+    assert [o.draft_matches for o in pol.seen] == [2, None, None]
+    first = rt.counters.as_status()["first_position_acceptance"]
+    assert first["plain"] == {"hits": 2, "requests": 3, "rate": 2 / 3}
+    assert first["spec"] == {"hits": 2, "requests": 4, "rate": 0.5}
+    assert rt.counters.invalid_outcomes == 0
+
+
+@pytest.mark.parametrize(
+    ("mode", "matches"), [(Mode.SPEC, 1), (Mode.PLAIN, 3), (Mode.PLAIN, -1)]
+)
+def test_draft_matches_outside_the_contract_are_dropped_and_counted(mode, matches):
+    pol = Recorder()
+    rt = runtime(pol)
+    rt.observe(mode, 0, [2, 1] if mode is Mode.SPEC else [1, 1], matches)
+    assert rt.counters.invalid_outcomes == 1
+    assert pol.seen[0].draft_matches is None  # the outcome itself still counts
+    first = rt.counters.as_status()["first_position_acceptance"]
+    assert first["plain"]["requests"] == 0
+
+
+def test_draft_matches_travel_through_the_tp_agreement():
+    from eagle_gate.agreement import TimingAgreement
+
+    pol = Recorder()
+    rt = runtime(pol)
+    rt.agreement = TimingAgreement(None, every=2)
+    rt.decide(2, None, None, None, None)  # step 0: agreement due, nothing held
+    rt.observe(Mode.PLAIN, 0, [1, 1], 1)
+    assert pol.seen == []  # held
+    rt.decide(2, None, None, None, None)  # step 1: not due
+    rt.decide(2, None, None, None, None)  # step 2: due: the held outcome goes out
+    assert [(o.step, o.draft_matches) for o in pol.seen] == [(0, 1)]

@@ -45,16 +45,25 @@ class TimingAgreement:
         self._held: list[tuple] = []
         self.rounds = 0
 
-    def hold(self, mode: Any, step: int, accept_lens: Any, interval: float | None):
-        """Keep one resolved outcome until the next agreement."""
-        self._held.append((mode, step, accept_lens, interval))
+    def hold(
+        self,
+        mode: Any,
+        step: int,
+        accept_lens: Any,
+        interval: float | None,
+        draft_matches: int | None = None,
+    ):
+        """Keep one resolved outcome until the next agreement. ``draft_matches``
+        travels as it is: every rank counts it from the same sampled tokens."""
+        self._held.append((mode, step, accept_lens, interval, draft_matches))
 
     def due(self, step: int) -> bool:
         """Whether the decision at ``step`` is preceded by an agreement."""
         return step % self.every == 0
 
     def release(self) -> list[tuple]:
-        """Agree and return the held outcomes with rank 0's intervals.
+        """Agree and return the held outcomes, ``(mode, step, accept_lens,
+        interval, draft_matches)``, with rank 0's intervals.
 
         Every rank must call this at the same step. The number of held
         outcomes is the same on every rank (results are resolved at the same
@@ -63,7 +72,7 @@ class TimingAgreement:
         """
         held, self._held = self._held, []
         if self.broadcast is None:
-            return [(mode, step, lens, None) for mode, step, lens, _ in held]
+            return [(mode, step, lens, None, dm) for mode, step, lens, _, dm in held]
         mine = [len(held)] + [item[3] for item in held]
         agreed = self.broadcast(mine)
         if agreed[0] != len(held):
@@ -73,8 +82,10 @@ class TimingAgreement:
             )
         self.rounds += 1
         return [
-            (mode, step, lens, interval)
-            for (mode, step, lens, _), interval in zip(held, agreed[1:], strict=True)
+            (mode, step, lens, interval, dm)
+            for (mode, step, lens, _, dm), interval in zip(
+                held, agreed[1:], strict=True
+            )
         ]
 
 

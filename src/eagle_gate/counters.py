@@ -78,6 +78,15 @@ class GateCounters:
         #: every plain step as a verify that accepted nothing).
         self.request_steps_by_mode = [0, 0]
         self.decisions_by_mode = [0, 0]
+        #: first-position acceptance, seen from both sides. PLAIN steps under
+        #: eager draft sync: requests whose draft top proposal equalled the
+        #: target's token, and requests measured. SPEC steps: requests that
+        #: accepted their first draft token, and requests measured. With a
+        #: greedy target the two estimate the same probability.
+        self.plain_draft_matches = 0
+        self.plain_draft_samples = 0
+        self.spec_first_accepts = 0
+        self.spec_first_samples = 0
         self.policy_errors = 0
         self.policy_errors_by_reason = dict.fromkeys(PolicyErrors.ALL, 0)
         #: outcomes outside the StepOutcome contract (see GateRuntime.observe).
@@ -145,6 +154,19 @@ class GateCounters:
         n = self.request_steps_by_mode[0]
         return self.tokens_by_mode[0] / n if n else None
 
+    def first_position_acceptance(self) -> dict[str, dict[str, Any]]:
+        """First-position acceptance measured by PLAIN steps (the draft's
+        proposal against the target's token) and by SPEC steps (the first
+        draft token accepted): counts and rate (None before a sample)."""
+
+        def side(hits: int, n: int) -> dict[str, Any]:
+            return {"hits": hits, "requests": n, "rate": hits / n if n else None}
+
+        return {
+            "plain": side(self.plain_draft_matches, self.plain_draft_samples),
+            "spec": side(self.spec_first_accepts, self.spec_first_samples),
+        }
+
     def as_status(self) -> dict[str, Any]:
         """The counters' part of the status record (JSON-able)."""
 
@@ -158,6 +180,7 @@ class GateCounters:
             "tokens": by_mode(self.tokens_by_mode),
             "request_steps": by_mode(self.request_steps_by_mode),
             "spec_accept_length": self.spec_accept_length(),
+            "first_position_acceptance": self.first_position_acceptance(),
             "decisions": by_mode(self.decisions_by_mode),
             "policy_errors": self.policy_errors,
             "invalid_outcomes": self.invalid_outcomes,

@@ -25,8 +25,9 @@ the record was taken, ``step`` the gate's decode-step number in this process):
   PLAIN, or null; ``shadow`` on every decision of shadow mode (``decided`` is
   what the policy would have run).
 * ``{"v":1,"kind":"outcome","t","step","mode","batch_size","tokens",
-  "accept_lens","interval_s"}`` -- the step's resolved result, exactly the
-  :class:`eagle_gate.StepOutcome` the policy saw (``mode``: what really ran).
+  "accept_lens","interval_s"[,"draft_matches"]}`` -- the step's resolved
+  result, exactly the :class:`eagle_gate.StepOutcome` the policy saw
+  (``mode``: what really ran; ``draft_matches`` only where measured).
 * ``{"v":1,"kind":"plain_failure","t","step","error"}`` -- the plain step
   raised at ``step``; the stock step ran.
 * ``{"v":1,"kind":"dropped","t","decisions","outcomes"}`` -- records left out
@@ -146,6 +147,7 @@ class DecisionLog:
         accept_lens: Sequence[int],
         tokens: int,
         interval_s: float | None,
+        draft_matches: int | None = None,
     ) -> None:
         now = self._clock()
         self._admit(now)
@@ -153,7 +155,9 @@ class DecisionLog:
             self.dropped_outcomes += 1
             return
         self._n_outcomes += 1
-        self._pending.append(("o", now, step, mode, accept_lens, tokens, interval_s))
+        self._pending.append(
+            ("o", now, step, mode, accept_lens, tokens, interval_s, draft_matches)
+        )
 
     def plain_failure(self, step: int, error: str) -> None:
         self._pending.append(("f", self._clock(), step, error))
@@ -203,8 +207,8 @@ class DecisionLog:
                 "override": override,
             }
         if kind == "o":
-            _, t, step, mode, lens, tokens, interval = rec
-            return {
+            _, t, step, mode, lens, tokens, interval, matches = rec
+            record = {
                 "kind": "outcome",
                 "t": t,
                 "step": step,
@@ -214,6 +218,9 @@ class DecisionLog:
                 "accept_lens": [int(x) for x in lens],
                 "interval_s": interval,
             }
+            if matches is not None:
+                record["draft_matches"] = int(matches)
+            return record
         if kind == "f":
             _, t, step, error = rec
             return {"kind": "plain_failure", "t": t, "step": step, "error": error}

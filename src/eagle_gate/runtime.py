@@ -230,8 +230,8 @@ class GateRuntime:
             self._tick(step)
         agreement = self.agreement
         if agreement is not None and agreement.due(step):
-            for mode_, step_, lens_, interval_ in agreement.release():
-                self._deliver(mode_, step_, lens_, interval_)
+            for mode_, step_, lens_, interval_, matches_ in agreement.release():
+                self._deliver(mode_, step_, lens_, interval_, None, matches_)
         view = self.view.update(
             batch_size=batch_size,
             step=step,
@@ -385,7 +385,13 @@ class GateRuntime:
             )
 
     # -- after the result was resolved ---------------------------------------
-    def observe(self, mode: Mode, step: int, accept_lens: Sequence[int]) -> None:
+    def observe(
+        self,
+        mode: Mode,
+        step: int,
+        accept_lens: Sequence[int],
+        draft_matches: int | None = None,
+    ) -> None:
         """Account a resolved decode step and tell the policy.
 
         The outcome contract (``StepOutcome``): ``tokens`` is the sum of
@@ -396,6 +402,11 @@ class GateRuntime:
         request) or, when it cannot be (no valid mode, lengths that are not
         numbers, SPEC tokens out of range), not accounted and not shown to
         the policy; the next interval is then unknown. O(1) beyond the sum.
+
+        ``draft_matches`` (PLAIN steps with eager draft sync, see
+        ``StepOutcome.draft_matches``) is passed on and counted beside the
+        SPEC steps' own first-position acceptance, so the status shows both
+        sides of the same estimate.
         """
         now = self._clock()
         last = self._last_resolve
@@ -435,6 +446,21 @@ class GateRuntime:
         counters.steps_by_mode[mode] += 1
         counters.tokens_by_mode[mode] += tokens
         counters.request_steps_by_mode[mode] += b
+        if draft_matches is not None:
+            if mode is Mode.PLAIN and 0 <= draft_matches <= b:
+                counters.plain_draft_matches += draft_matches
+                counters.plain_draft_samples += b
+            else:
+                counters.invalid_outcomes += 1
+                draft_matches = None
+        elif mode is Mode.SPEC:
+            # requests whose first draft token was accepted, counted in C (a
+            # sequence without .count, from a third-party adapter, is skipped)
+            try:
+                counters.spec_first_accepts += b - accept_lens.count(1)
+                counters.spec_first_samples += b
+            except AttributeError:
+                pass
         if mode is counters.current_mode:
             counters.dwell_len += 1
         else:
@@ -446,13 +472,13 @@ class GateRuntime:
             counters.dwell_len = 1
         log = self.decision_log
         if log is not None:
-            log.outcome(step, mode, accept_lens, tokens, interval)
+            log.outcome(step, mode, accept_lens, tokens, interval, draft_matches)
         if self.degraded is not None:
             return
         if self.agreement is not None:
-            self.agreement.hold(mode, step, accept_lens, interval)
+            self.agreement.hold(mode, step, accept_lens, interval, draft_matches)
             return
-        self._deliver(mode, step, accept_lens, interval, tokens)
+        self._deliver(mode, step, accept_lens, interval, tokens, draft_matches)
 
     def _deliver(
         self,
@@ -461,6 +487,7 @@ class GateRuntime:
         accept_lens: Sequence[int],
         interval: Any,
         tokens: int | None = None,
+        draft_matches: int | None = None,
     ) -> None:
         """Hand the policy one outcome (with agreed timings under TP)."""
         if self.degraded is not None:
@@ -472,6 +499,7 @@ class GateRuntime:
             accept_lens=accept_lens,
             interval_s=interval,
             step=step,
+            draft_matches=draft_matches,
         )
         try:
             self.policy.observe(outcome)

@@ -133,6 +133,7 @@ def replay(records: Iterable[dict[str, Any]], policy: Policy) -> ReplayResult:
                     accept_lens=lens,
                     interval_s=record.get("interval_s"),
                     step=int(record["step"]),
+                    draft_matches=record.get("draft_matches"),
                 )
             )
     return result
