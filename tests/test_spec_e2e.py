@@ -720,3 +720,58 @@ def test_real_speculative_launch_is_refused(
     text = out.stdout + out.stderr
     assert out.returncode != 0, text[-3000:]
     assert message in text, text[-3000:]
+
+
+# -- acceptance seen from PLAIN steps (StepOutcome.draft_matches, #23) ----------
+MATCH_PROMPTS = [
+    [1] + [(53 * i + 7 * k) % 900 + 4 for k in range(20)] for i in range(8)
+]
+MATCH_NEW = 40
+
+
+def first_position(records: list[dict], first_step: int) -> tuple[Sample, Sample]:
+    """Per request-step, from the decision log since ``first_step``: PLAIN
+    steps' draft matches (1: the draft's proposal was the target's token) and
+    SPEC steps' first-position acceptance (1: the first draft token accepted)."""
+    plain, spec = Sample(), Sample()
+    for r in records:
+        if r["kind"] != "outcome" or r["step"] < first_step:
+            continue
+        if r["mode"] == "plain":
+            assert "draft_matches" in r, r  # eager sync measures every plain step
+            hits, n = r["draft_matches"], r["batch_size"]
+            plain.values.extend([1.0] * hits + [0.0] * (n - hits))
+        else:
+            spec.values.extend(1.0 if a > 1 else 0.0 for a in r["accept_lens"])
+    return plain, spec
+
+
+def test_plain_steps_measure_the_acceptance_spec_steps_see(gated):
+    """Under eager sync the draft proposes the next token during PLAIN
+    stretches too; the plain step records whether the target agreed. With a
+    greedy target that is exactly first-position acceptance, so the PLAIN-side
+    rate must match the SPEC steps' rate within the noise (three standard
+    errors of the difference), on a schedule alternating the two modes."""
+    config = gated.config
+    if config.draft_sync != "eager" or not config.draft_state:
+        pytest.skip(f"{config.id}: draft matches are measured under eager sync")
+    records = decision_records(gated.decision_dir)
+    first_step = 1 + max((r["step"] for r in records if "step" in r), default=-1)
+    set_policy(gated.base_url, "schedule", pattern="p1,s1", repeat=True)
+    try:
+        generate_many(gated.base_url, [(p, MATCH_NEW) for p in MATCH_PROMPTS])
+    finally:
+        set_policy(gated.base_url, "never")
+    time.sleep(1.0)  # the ops thread flushes the log (every 0.2 s here)
+    plain, spec = first_position(decision_records(gated.decision_dir), first_step)
+    first = scheduler_status(gated.base_url)["first_position_acceptance"]
+    note(
+        f"SGLang {VERSION}: [{config.id}] first-position acceptance: PLAIN side "
+        f"{plain.mean:.3f} +- {plain.se:.3f} (n={len(plain.values)}), SPEC side "
+        f"{spec.mean:.3f} +- {spec.se:.3f} (n={len(spec.values)}); server "
+        f"totals {first}"
+    )
+    assert len(plain.values) >= 100 and len(spec.values) >= 100
+    assert spec.mean > 0.3, "the trained draft should accept its first token"
+    assert abs(plain.mean - spec.mean) <= noise(plain, spec), (plain.mean, spec.mean)
+    assert first["plain"]["requests"] >= len(plain.values)

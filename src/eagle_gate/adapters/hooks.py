@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from eagle_gate.adapters.patching import Instrumentor, PatchTarget
+from eagle_gate.adapters.plain.tensors import read_draft_matches
 from eagle_gate.policy import Mode
 from eagle_gate.runtime import GateRuntime
 
@@ -134,8 +135,14 @@ def resolver_wrapper(wrapped, instance, args, kwargs):
     if mode is None:
         return tokens
     try:
-        # the accept lengths, counted in C (no bytecodes per request)
-        runtime.observe(mode, getattr(result, RESULT_STEP_ATTR), list(map(len, tokens)))
+        # the accept lengths, counted in C (no bytecodes per request); a
+        # plain step under eager sync also carries its draft matches
+        runtime.observe(
+            mode,
+            getattr(result, RESULT_STEP_ATTR),
+            list(map(len, tokens)),
+            read_draft_matches(result),
+        )
     except Exception as exc:
         runtime.count_internal_error("observing", exc)
     return tokens

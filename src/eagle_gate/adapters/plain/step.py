@@ -41,7 +41,12 @@ from typing import Any
 
 from eagle_gate.adapters.plain.graphs import PlainGraphs, plain_target_forward
 from eagle_gate.adapters.plain.lazy import LazyDraftSync
-from eagle_gate.adapters.plain.tensors import flat_plain_tokens, kv_slots, spread_rows
+from eagle_gate.adapters.plain.tensors import (
+    flat_plain_tokens,
+    kv_slots,
+    mark_draft_matches,
+    spread_rows,
+)
 
 __all__ = [
     "PlainStep",
@@ -220,6 +225,13 @@ def plain_step(
         batch.seq_lens_cpu,
         batch.seq_lens_sum,
     )
+    # Only eager sync keeps the draft's proposal for this position current
+    # (lazy and none leave it stale or zero): only then is it a sample.
+    measure_matches = (
+        draft_sync == "eager"
+        and stride > 1
+        and getattr(draft_input, "topk_index", None) is not None
+    )
     if draft_sync == "lazy" and seq_lens_cpu is None:
         # lazy's bookkeeping reads CPU lengths; without them (a backend that
         # skips the copy) this step keeps the draft exact the eager way.
@@ -251,6 +263,9 @@ def plain_step(
     )
     tokens = out.next_token_ids
     result = parts.build_result(worker, tokens, stride, seq_lens, out, ran_graph)
+    if measure_matches:
+        hot = getattr(worker.draft_worker, "hot_token_id", None)
+        mark_draft_matches(result, tokens, draft_input, hot, stride)
     if on_publish is not None:
         on_publish(result.new_seq_lens)
 

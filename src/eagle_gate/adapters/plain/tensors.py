@@ -10,7 +10,20 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-__all__ = ["flat_plain_tokens", "kv_slots", "spread_rows", "eager_target", "swap_attrs"]
+__all__ = [
+    "DRAFT_MATCHES_ATTR",
+    "flat_plain_tokens",
+    "mark_draft_matches",
+    "read_draft_matches",
+    "kv_slots",
+    "spread_rows",
+    "eager_target",
+    "swap_attrs",
+]
+
+#: set on a plain step's result that carries draft matches (its value: the
+#: stride), read by the resolver wrapper once the tokens are on the CPU.
+DRAFT_MATCHES_ATTR = "eagle_gate_draft_matches"
 
 _MISSING = object()
 
@@ -27,6 +40,37 @@ def flat_plain_tokens(next_token_ids: Any, stride: int) -> tuple[Any, Any]:
     flat = spread_rows(next_token_ids.to(torch.int32), stride)
     ones = torch.ones(next_token_ids.shape[0], dtype=torch.int32, device=flat.device)
     return flat, ones
+
+
+def mark_draft_matches(
+    result: Any, tokens: Any, draft_input: Any, hot_token_id: Any, stride: int
+) -> None:
+    """Write, per request, whether the draft's top proposal for this position
+    equals the target's new token into the first padding slot of the flat
+    tokens (``i * stride + 1``), and tag ``result``.
+
+    The proposal is ``draft_input.topk_index[:, 0]`` in the target's
+    vocabulary (``hot_token_id``: the draft's reduced-vocabulary map, as
+    ``draft_forward`` applies it): the first token a SPEC step would have
+    drafted, so the flag is exactly "a SPEC step would have accepted its first
+    draft token" for a greedy target. The flags ride on the D2H copy the
+    scheduler already makes of the tokens (no sync here); the resolver never
+    reads padding slots (every accept length is 1). Needs ``stride >= 2``.
+    """
+    proposals = draft_input.topk_index[:, 0]
+    if hot_token_id is not None:
+        proposals = hot_token_id[proposals]
+    result.next_token_ids[1::stride] = tokens == proposals
+    setattr(result, DRAFT_MATCHES_ATTR, stride)
+
+
+def read_draft_matches(result: Any) -> int | None:
+    """The draft matches a resolved plain step carries (its tokens are on the
+    CPU by then), or None when it carries none."""
+    stride = getattr(result, DRAFT_MATCHES_ATTR, 0)
+    if not stride:
+        return None
+    return int(result.next_token_ids[1::stride].sum())
 
 
 def kv_slots(req_to_token: Any, req_pool_indices: Any, start: Any, width: int):
