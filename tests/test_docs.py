@@ -41,7 +41,7 @@ HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 
 
 def markdown_files() -> list[Path]:
-    return [README, *sorted(DOCS.glob("*.md"))]
+    return [README, *sorted(DOCS.glob("*.md")), *sorted(ROOT.glob("examples/**/*.md"))]
 
 
 def prose_lines(text: str) -> list[tuple[int, str]]:

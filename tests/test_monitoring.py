@@ -318,7 +318,7 @@ def test_alert_rules_shape():
         assert r["labels"]["severity"] in {"critical", "warning", "info"}
         assert isinstance(r["for"], str) and r["for"][-1] in "smh"
         assert r["annotations"]["summary"].strip()
-        assert "README" in r["annotations"]["description"], r["alert"]
+        assert "docs/operations.md" in r["annotations"]["description"], r["alert"]
     by_metric = {
         m: [r["alert"] for r in rules if m in r["expr"]]
         for m in (

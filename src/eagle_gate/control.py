@@ -1,6 +1,6 @@
 """Changing the policy, its settings or shadow mode on a running server.
 
-Flow (see README "Operating the gate"):
+Flow (see docs/operations.md, "Changing the policy at runtime"):
 
 1. ``POST /eagle_gate/policy`` (HTTP process, :mod:`eagle_gate.http_api`)
    validates the change with :func:`validate_change` exactly like a launch

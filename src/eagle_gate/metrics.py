@@ -17,7 +17,8 @@ adds the differences. Gauges use ``multiprocess_mode="livemostrecent"`` (the
 value of the live process that wrote last); counters and the histogram sum
 over processes (DP ranks).
 
-``METRICS`` below is the documented list (README "Operating the gate").
+``METRICS`` below is the documented list (docs/operations.md, "Metrics
+reference"; tests/test_docs.py keeps the two equal).
 """
 
 from __future__ import annotations

@@ -58,10 +58,10 @@ class StepView:
     * ``seq_len_sum`` and ``seq_len_max`` are computed on first access only.
       Where SGLang keeps the batch's sequence lengths on the CPU (SGLang 0.5.9
       always; 0.5.23 with attention backends that need them, such as
-      FlashInfer and Triton) they are exact and ``seq_lens_exact`` is True.
+      FlashInfer) they are exact and ``seq_lens_exact`` is True.
     * SGLang 0.5.23 with overlap scheduling and an attention backend that does
-      not need CPU lengths (FA3, the Hopper default for most models, and
-      trtllm_mha, the Blackwell default) keeps them on the device only;
+      not need CPU lengths (FA3, the Hopper default for most models,
+      trtllm_mha, the Blackwell default, and Triton) keeps them on the device only;
       reading them there would be a device synchronisation every step. The
       adapters then give an estimate from the scheduler's own CPU bookkeeping
       of each request (its committed KV length), which lags the device by the
