@@ -55,6 +55,9 @@ _log = math.log
 #: requests behind the fast acceptance estimates: at batch 1 a change of the
 #: accept length from 3.2 to 1.8 shows within about 15 steps.
 _FAST_REQUESTS = 16.0
+_FAST_WEIGHT = 1.0 / _FAST_REQUESTS
+#: the fast EMA's variance in per-request variances (1 / (2 x requests)).
+_FAST_VAR = 1.0 / (2.0 * _FAST_REQUESTS)
 #: requests behind the slow acceptance estimates at most (about 1.5% of
 #: relative noise at batch 1, while nothing changes).
 _SLOW_REQUESTS = 4096.0
@@ -86,6 +89,9 @@ _Z_PROBE = 2.0
 #: probes while uncertain are this many times ``probe_steps`` long (more
 #: samples per resync).
 _LONG_PROBE = 4
+#: the probe conditions are looked at every this many steps (cheaper; a
+#: probe starts at most this much later).
+_CHECK_EVERY = 4
 #: unused probe budget is capped at this many probes' time.
 _CREDIT_PROBES = 2.0
 #: at least this many steps between switches: a decision's outcome arrives
@@ -93,7 +99,7 @@ _CREDIT_PROBES = 2.0
 _MIN_DWELL = 3
 #: a prediction is floored at this share of the fit's mean step time (a line
 #: extrapolated to small batches must not reach 0).
-_FLOOR = 0.25
+_FLOOR = 0.02
 
 
 class _Level:
@@ -108,39 +114,65 @@ class _Level:
         self.var = 1.0  # per-request variance (replaced by measurement)
         self.restarts = 0
 
-    def add(self, mean: float, b: int) -> None:
-        """Fold in ``b`` requests whose samples average ``mean``."""
-        n = self.n + b
+    def add(self, mean: float, b: int) -> bool:
+        """Fold in ``b`` requests whose samples average ``mean``; True when
+        the slow mean restarted (a change)."""
+        n = self.n
+        if n == 0.0:
+            self.fast = self.slow = mean
+            self.n = b if b < _SLOW_REQUESTS else _SLOW_REQUESTS
+            return False
+        n += b
         if n > _SLOW_REQUESTS:
             n = _SLOW_REQUESTS
-        d = mean - self.slow
-        if self.n == 0.0:
-            self.fast = self.slow = mean
-            self.n = n
-            return
-        self.var += _VAR_WEIGHT * (b * d * d - self.var)
-        slow = self.slow + b / n * d
-        a = b / _FAST_REQUESTS
-        fast = self.fast + (a if a < 1.0 else 1.0) * (mean - self.fast)
-        self.fast = fast
+        slow = self.slow
+        d = mean - slow
+        var = self.var
+        var += _VAR_WEIGHT * (b * d * d - var)
+        slow += b / n * d
+        a = b * _FAST_WEIGHT
+        fast = self.fast
+        fast += (a if a < 1.0 else 1.0) * (mean - fast)
         d = fast - slow
-        if d * d > _Z_CHANGE2 * self.var * (1.0 / (2.0 * _FAST_REQUESTS) + 1.0 / n):
-            slow = fast  # it changed: restart from the recent requests
-            n = _FAST_REQUESTS
-            self.restarts += 1
+        self.fast = fast
+        self.var = var
+        if d * d > _Z_CHANGE2 * var * (_FAST_VAR + 1.0 / n):
+            self.restart(fast)
+            return True
         self.slow = slow
         self.n = n
+        return False
+
+    def restart(self, value: float) -> None:
+        """It changed: start the slow mean afresh, from ``value`` (what the
+        recent requests say), with the fast EMA's weight."""
+        self.slow = value
+        self.n = _FAST_REQUESTS
+        self.restarts += 1
 
 
 class _StepTime:
     """One mode's step time as ``a + c * batch``: weighted least squares whose
     weights decay per sample (``_FORGET``), with its relative noise."""
 
-    __slots__ = ("w", "sb", "sbb", "st", "sbt", "a", "c", "mb", "vb", "res", "floor")
+    __slots__ = (
+        "w",
+        "sb",
+        "sbb",
+        "st",
+        "sbt",
+        "a",
+        "c",
+        "mb",
+        "vb",
+        "res",
+        "floor",
+        "reach",
+    )
 
     def __init__(self) -> None:
         self.w = self.sb = self.sbb = self.st = self.sbt = 0.0
-        self.a = self.c = self.mb = self.vb = self.floor = 0.0
+        self.a = self.c = self.mb = self.vb = self.floor = self.reach = 0.0
         self.res = _RES_PRIOR
 
     def predict(self, b: int) -> float:
@@ -157,7 +189,8 @@ class _StepTime:
     def add(self, b: int, dt: float) -> None:
         w = self.w
         if w > 0.0:
-            r = dt / self.predict(b) - 1.0
+            t = self.a + self.c * b
+            r = dt / (t if t > self.floor else self.floor) - 1.0
             self.res += _RES_WEIGHT * (r * r - self.res)
         k = _FORGET
         self.w = w = w * k + 1.0
@@ -172,8 +205,10 @@ class _StepTime:
         self.a = mt - c * mb
         self.c = c
         self.mb = mb
-        self.vb = vb if vb > 0.0 else 0.0
+        self.vb = vb = vb if vb > 0.0 else 0.0
         self.floor = _FLOOR * mt
+        # batches within ``reach`` of the mean have leverage <= 1
+        self.reach = math.sqrt((w - 1.0) * (vb + _SLOPE_PRIOR))
 
 
 def _depth(p: float, s: int) -> float:
@@ -200,7 +235,11 @@ class Goodput:
         "_times",
         "_acc",
         "_p1",
-        "_p1_spec",
+        "_p1_ref",
+        "_first_spec",
+        "_req_spec",
+        "_first_plain",
+        "_req_plain",
         "_accept",
         "_s",
         "_resync_rel",
@@ -215,6 +254,7 @@ class Goodput:
         "_decided",
         "_probed",
         "_prev_mode",
+        "_next_check",
     )
 
     def __init__(
@@ -250,8 +290,11 @@ class Goodput:
         self.switches = 0
         self._times = (_StepTime(), _StepTime())  # indexed by Mode
         self._acc = _Level()  # tokens per request of a SPEC step
-        self._p1 = _Level()  # first-position acceptance, both modes
-        self._p1_spec = _Level()  # the same from SPEC steps only
+        self._p1 = _Level()  # first-position acceptance, PLAIN side (eager)
+        self._p1_ref = 0.0  # _p1 over the requests behind _acc (0: unknown)
+        # lifetime first-position counts, SPEC and PLAIN side (reporting)
+        self._first_spec = self._req_spec = 0
+        self._first_plain = self._req_plain = 0
         self._accept = 0.0  # A for the decision (0: not measured)
         self._s = 3  # draft tokens per SPEC step (num_draft_tokens - 1)
         self._resync_rel = _RESYNC_PRIOR
@@ -267,6 +310,7 @@ class Goodput:
         self._decided = 0
         self._probed = 0
         self._prev_mode = self.home
+        self._next_check = 0
 
     # -- deciding -------------------------------------------------------------
 
@@ -293,8 +337,7 @@ class Goodput:
             return self._probe(away, 0)
         t_h = fit_h.predict(b)
         t_a = fit_a.predict(b)
-        lev_a = fit_a.leverage(b)
-        far = lev_a > 1.0
+        far = not -fit_a.reach <= b - fit_a.mb <= fit_a.reach
         if far:
             # far from every batch the other mode ran at: its time there is
             # the home mode's times its ratio to it where it did run
@@ -311,13 +354,17 @@ class Goodput:
             self.home = away
             self.switches += 1
             return away
-        # a probe? only when the budget could pay for a short one
-        if self._credit >= self._credit_cap * (1.0 / (_CREDIT_PROBES * _LONG_PROBE)):
+        # a probe? looked at every _CHECK_EVERY steps, when the budget could
+        # pay for a short one
+        if step >= self._next_check and self._credit >= self._credit_cap * (
+            1.0 / (_CREDIT_PROBES * _LONG_PROBE)
+        ):
+            self._next_check = step + _CHECK_EVERY
             n = self.probe_steps
             rr = self._resync_rel * (t_a if away is _SPEC else t_h)
             long_cost = _LONG_PROBE * n * t_a + rr
             reserve = 0.0
-            se2 = fit_a.res * lev_a + fit_h.res * fit_h.leverage(b)
+            se2 = fit_a.res * fit_a.leverage(b) + fit_h.res * fit_h.leverage(b)
             if home is _PLAIN:  # acceptance is part of what SPEC's estimate lacks
                 se2 += self._acc_rel_var()
             g = gain - margin
@@ -385,12 +432,22 @@ class Goodput:
         dt = outcome.interval_s
         if mode is _SPEC or mode == 0:
             mode = _SPEC
-            self._acc.add(outcome.tokens / b, b)
-            lens = outcome.accept_lens
-            p = 1.0 - lens.count(1) / b
-            self._p1.add(p, b)
-            self._p1_spec.add(p, b)
-            self._update_accept()
+            acc = self._acc
+            restarted = acc.add(outcome.tokens / b, b)
+            self._first_spec += b - outcome.accept_lens.count(1)
+            self._req_spec += b
+            p1 = self._p1
+            if p1.n < _FAST_REQUESTS:  # no PLAIN-side acceptance (yet)
+                self._accept = acc.slow
+            else:
+                # the PLAIN-side first-position acceptance over the same
+                # requests as the accept length: the reference for its changes
+                if restarted or self._p1_ref == 0.0:
+                    self._p1_ref = p1.slow
+                else:
+                    f = b / acc.n
+                    self._p1_ref += (f if f < 1.0 else 1.0) * (p1.slow - self._p1_ref)
+                self._update_accept(p1.slow)
             if dt is None or dt <= 0.0:
                 return
             fit = self._times[0]
@@ -409,9 +466,14 @@ class Goodput:
             mode = _PLAIN
             m = outcome.draft_matches
             if m is not None:
-                self._p1.add(m / b, b)
-                if self._acc.n:
-                    self._update_accept()
+                self._first_plain += m
+                self._req_plain += b
+                p1 = self._p1
+                p1.add(m / b, b)
+                if self._p1_ref > 0.0:
+                    self._update_accept(p1.slow)
+                elif p1.n >= _FAST_REQUESTS and self._acc.n:
+                    self._p1_ref = p1.slow  # the first usable reference
             if dt is None or dt <= 0.0:
                 return
             fit = self._times[1]
@@ -421,18 +483,17 @@ class Goodput:
         if self._credit > self._credit_cap:
             self._credit = self._credit_cap
 
-    def _update_accept(self) -> None:
+    def _update_accept(self, p_now: float) -> None:
         """The decision's acceptance: the SPEC steps' accept length, moved
-        along with the first-position acceptance measured since (PLAIN steps
-        under eager sync) through the draft's geometric depth profile."""
-        acc = self._acc.slow
-        p_now = self._p1.slow
-        p_spec = self._p1_spec.slow
-        if p_now == p_spec or p_spec <= 0.0:
-            self._accept = acc
-            return
+        along with the PLAIN-side first-position acceptance (eager sync)
+        through the draft's geometric depth profile. Only its change counts
+        (``p_now`` against ``_p1_ref``, its mean over the requests behind the
+        accept length, both PLAIN-side), so a constant offset between
+        PLAIN-side agreement and SPEC's first-position acceptance cancels."""
         s = self._s
-        self._accept = 1.0 + (acc - 1.0) * _depth(p_now, s) / _depth(p_spec, s)
+        self._accept = 1.0 + (self._acc.slow - 1.0) * (
+            _depth(p_now, s) / _depth(self._p1_ref, s)
+        )
 
     def _update_switch_costs(self) -> None:
         """Dwell and margin from the measured resync: resyncs at most
@@ -459,8 +520,9 @@ class Goodput:
         out = {
             "accept_length": float(self._accept),
             "accept_length_spec": float(self._acc.slow),
-            "first_accept_spec": float(self._p1_spec.slow),
-            "first_accept": float(self._p1.slow),
+            "first_accept_spec": float(self._first_spec / (self._req_spec or 1)),
+            "first_accept_plain": float(self._first_plain / (self._req_plain or 1)),
+            "first_accept_plain_now": float(self._p1.slow),
             "acceptance_restarts": float(self._acc.restarts + self._p1.restarts),
             "resync_rel": float(self._resync_rel),
             "dwell_steps": float(self._dwell),
