@@ -74,6 +74,8 @@ _FORGET = 1.0 - 1.0 / _FIT_SAMPLES
 #: batch hardly varies, the slope shrinks to 0 (flat in the batch); small,
 #: as a prediction far from the fit's batches is not used (see leverage).
 _SLOPE_PRIOR = 0.1
+#: a fit's line is solved again every this many samples of its mode.
+_SOLVE_EVERY = 4
 #: squared relative noise of one step time, assumed until measured.
 _RES_PRIOR = 0.1 * 0.1
 #: weight of one residual in a fit's noise estimate, and of one resync.
@@ -153,27 +155,20 @@ class _Level:
 
 class _StepTime:
     """One mode's step time as ``a + c * batch``: weighted least squares whose
-    weights decay per sample (``_FORGET``), with its relative noise."""
+    weights decay per sample (``_FORGET``), with its relative noise. The
+    sums take every sample; the line is solved again every ``_SOLVE_EVERY``
+    samples (cheaper; a line 3 samples behind, out of ~256, is as good)."""
 
     __slots__ = (
-        "w",
-        "sb",
-        "sbb",
-        "st",
-        "sbt",
-        "a",
-        "c",
-        "mb",
-        "vb",
-        "res",
-        "floor",
-        "reach",
-    )
+        "w", "sb", "sbb", "st", "sbt", "k",
+        "a", "c", "mb", "vb", "res", "floor", "reach",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.w = self.sb = self.sbb = self.st = self.sbt = 0.0
         self.a = self.c = self.mb = self.vb = self.floor = self.reach = 0.0
         self.res = _RES_PRIOR
+        self.k = 0
 
     def predict(self, b: int) -> float:
         t = self.a + self.c * b
@@ -187,25 +182,29 @@ class _StepTime:
         return (1.0 + d * d / (self.vb + _SLOPE_PRIOR)) / self.w
 
     def add(self, b: int, dt: float) -> None:
-        w = self.w
-        if w > 0.0:
-            t = self.a + self.c * b
-            r = dt / (t if t > self.floor else self.floor) - 1.0
-            self.res += _RES_WEIGHT * (r * r - self.res)
-        k = _FORGET
-        self.w = w = w * k + 1.0
-        self.sb = sb = self.sb * k + b
-        self.sbb = sbb = self.sbb * k + b * b
-        self.st = st = self.st * k + dt
-        self.sbt = sbt = self.sbt * k + b * dt
-        mb = sb / w
-        mt = st / w
-        vb = sbb / w - mb * mb
-        c = (sbt / w - mb * mt) / (vb + _SLOPE_PRIOR)
+        f = _FORGET
+        self.w = w = self.w * f + 1.0
+        self.sb = self.sb * f + b
+        self.sbb = self.sbb * f + b * b
+        self.st = self.st * f + dt
+        self.sbt = self.sbt * f + b * dt
+        k = self.k + 1
+        self.k = k
+        if k % _SOLVE_EVERY and w > _SOLVE_EVERY:
+            return
+        if w > 1.0:  # the noise, from this sample against the line so far
+            r = dt / self.predict(b) - 1.0
+            self.res += _RES_WEIGHT * _SOLVE_EVERY * (r * r - self.res)
+        mb = self.sb / w
+        mt = self.st / w
+        vb = self.sbb / w - mb * mb
+        if vb < 0.0:
+            vb = 0.0
+        c = (self.sbt / w - mb * mt) / (vb + _SLOPE_PRIOR)
         self.a = mt - c * mb
         self.c = c
         self.mb = mb
-        self.vb = vb = vb if vb > 0.0 else 0.0
+        self.vb = vb
         self.floor = _FLOOR * mt
         # batches within ``reach`` of the mean have leverage <= 1
         self.reach = math.sqrt((w - 1.0) * (vb + _SLOPE_PRIOR))
@@ -442,12 +441,20 @@ class Goodput:
             else:
                 # the PLAIN-side first-position acceptance over the same
                 # requests as the accept length: the reference for its changes
-                if restarted or self._p1_ref == 0.0:
-                    self._p1_ref = p1.slow
-                else:
+                ref = self._p1_ref
+                p = p1.slow
+                if restarted or ref == 0.0:
+                    ref = p
+                elif ref != p:
                     f = b / acc.n
-                    self._p1_ref += (f if f < 1.0 else 1.0) * (p1.slow - self._p1_ref)
-                self._update_accept(p1.slow)
+                    ref += (f if f < 1.0 else 1.0) * (p - ref)
+                    if -1e-4 < p - ref < 1e-4:  # caught up (saves the update)
+                        ref = p
+                self._p1_ref = ref
+                if ref == p:
+                    self._accept = acc.slow
+                else:
+                    self._update_accept(p)
             if dt is None or dt <= 0.0:
                 return
             fit = self._times[0]
