@@ -1,40 +1,27 @@
 """The ``goodput`` policy: run the mode that emits more output tokens/second.
 
-Design note and results: docs/goodput.md. In short, three estimates and one
-rule.
+One page of design, with its results: docs/goodput.md. Three estimates:
 
-* Acceptance ``A``, the tokens one SPEC step emits per request (bonus
-  included), from SPEC steps; and ``p1``, the first-position acceptance, from
-  SPEC steps (a request's first draft token was accepted) and, under eager
-  draft sync, from PLAIN steps (``StepOutcome.draft_matches``: the draft's
-  proposal equalled the target's token). Each is a fast/slow pair
-  (:class:`_Level`): a precise slow mean that restarts from the fast one when
-  the two differ beyond their noise. While PLAIN runs, ``A`` follows ``p1``
-  through the draft's depth profile measured on SPEC steps:
-  ``A = 1 + (A_spec - 1) * g(p1) / g(p1_spec)``, ``g(p) = p + ... + p**s``.
-  Lazy and none sync give no PLAIN-side sample: there ``A`` stays at what the
-  last SPEC steps measured, and only probes (below) update it.
-* Step time per mode as a line in the batch size, least squares with
-  forgetting (:class:`_StepTime`), shared across batch sizes: a batch never
-  seen before is predicted from its neighbours, with an uncertainty that
-  grows with the distance.
-* SPEC's log gain ``g(b) = log(A * t_plain(b) / t_spec(b))``; the policy runs
-  SPEC where it is positive, PLAIN where negative, beyond a margin of the
-  measured resync spread over ``stale_steps`` steps, and stays at least
-  ``dwell`` steps after a switch, so resyncs cost at most ``switch_overhead``
-  of the time.
+* acceptance ``A`` (tokens per request of a SPEC step) from SPEC steps, and
+  the first-position acceptance ``p1`` from PLAIN steps under eager draft
+  sync (``StepOutcome.draft_matches``), each a fast/slow pair that restarts
+  on a change (:class:`_Level`); while PLAIN runs, ``A`` follows ``p1``'s
+  change through the draft's geometric depth profile. Lazy and none sync give
+  no ``p1``: ``A`` then moves only with SPEC probes;
+* each mode's step time as a line in the batch size, least squares with
+  forgetting (:class:`_StepTime`), shared across batch sizes;
+* the draft resync, relative to a SPEC step (first SPEC step after PLAIN).
 
-Probes: a few steps of the other mode, budgeted in time (at most
-``max_explore_share`` of the decode time), taken only when that mode's
-estimate at this batch size is uncertain (the gain is within ``_Z_PROBE``
-standard errors of the margin) or stale (older than ``stale_steps`` steps and
-old enough that a probe's expected loss is at most ``explore_cost`` of the
-time since).
+One rule: run SPEC where ``log(A * t_plain(b) / t_spec(b))`` is positive,
+PLAIN where negative (beyond the resync spread over ``stale_steps``); enter
+SPEC at most once per ``dwell`` steps, so resyncs cost at most
+``switch_overhead`` of the time. Probes of the other mode are budgeted in time
+(``max_explore_share``) and taken only where its estimate is uncertain at
+this batch, or stale (``stale_steps``, ``explore_cost``).
 
-Outcomes may arrive late and in batches (TP agreement); the policy keeps no
-per-step state, and ``interval_s=None`` only skips the timing. The policy is
-a deterministic function of its inputs (no clocks, no randomness), so every TP
-rank decides alike. It imports neither SGLang nor torch.
+Deterministic in its inputs (no clocks, no randomness: TP ranks agree); late
+and batched outcomes are fine (no per-step state); ``interval_s=None`` skips
+the timing. Imports neither SGLang nor torch.
 """
 
 from __future__ import annotations
@@ -56,8 +43,6 @@ _log = math.log
 #: accept length from 3.2 to 1.8 shows within about 15 steps.
 _FAST_REQUESTS = 16.0
 _FAST_WEIGHT = 1.0 / _FAST_REQUESTS
-#: the fast EMA's variance in per-request variances (1 / (2 x requests)).
-_FAST_VAR = 1.0 / (2.0 * _FAST_REQUESTS)
 #: requests behind the slow acceptance estimates at most (about 1.5% of
 #: relative noise at batch 1, while nothing changes).
 _SLOW_REQUESTS = 4096.0
@@ -133,12 +118,16 @@ class _Level:
         var += _VAR_WEIGHT * (b * d * d - var)
         slow += b / n * d
         a = b * _FAST_WEIGHT
+        if a > 1.0:
+            a = 1.0
         fast = self.fast
-        fast += (a if a < 1.0 else 1.0) * (mean - fast)
+        fast += a * (mean - fast)
         d = fast - slow
+        # the fast EMA's variance in per-request variances, and the slow's
+        fv = a / ((2.0 - a) * b) + 1.0 / n
         self.fast = fast
         self.var = var
-        if d * d > _Z_CHANGE2 * var * (_FAST_VAR + 1.0 / n):
+        if d * d > _Z_CHANGE2 * var * fv:
             self.restart(fast)
             return True
         self.slow = slow
@@ -190,8 +179,12 @@ class _StepTime:
         self.sbt = self.sbt * f + b * dt
         k = self.k + 1
         self.k = k
-        if k % _SOLVE_EVERY and w > _SOLVE_EVERY:
-            return
+        if (
+            k % _SOLVE_EVERY
+            and w > _SOLVE_EVERY
+            and -self.reach < b - self.mb < self.reach
+        ):
+            return  # (a sample beyond the line's reach is solved at once)
         if w > 1.0:  # the noise, from this sample against the line so far
             r = dt / self.predict(b) - 1.0
             self.res += _RES_WEIGHT * _SOLVE_EVERY * (r * r - self.res)
@@ -224,37 +217,13 @@ class Goodput:
     name = "goodput"
 
     __slots__ = (
-        "max_explore_share",
-        "explore_cost",
-        "stale_steps",
-        "switch_overhead",
-        "probe_steps",
-        "home",
-        "switches",
-        "_times",
-        "_acc",
-        "_p1",
-        "_p1_ref",
-        "_first_spec",
-        "_req_spec",
-        "_first_plain",
-        "_req_plain",
-        "_accept",
-        "_s",
-        "_resync_rel",
-        "_dwell",
-        "_margin",
-        "_switch_step",
-        "_last",
-        "_probe_left",
-        "_probe_mode",
-        "_credit",
-        "_credit_cap",
-        "_decided",
-        "_probed",
-        "_prev_mode",
-        "_next_check",
-    )
+        "max_explore_share", "explore_cost", "stale_steps", "switch_overhead",
+        "probe_steps", "home", "switches", "_times", "_acc", "_p1", "_p1_ref",
+        "_first_spec", "_req_spec", "_first_plain", "_req_plain", "_accept", "_s",
+        "_resync_rel", "_n_resync", "_dwell", "_margin", "_switch_step",
+        "_entry_step", "_last", "_probe_left", "_probe_mode", "_credit",
+        "_credit_cap", "_decided", "_probed", "_prev_mode", "_next_check",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -267,14 +236,13 @@ class Goodput:
         ema_alpha: float | None = None,
     ) -> None:
         if ema_alpha is not None:
-            warnings.warn(
+            msg = (
                 "goodput setting 'ema_alpha' is deprecated and ignored: step "
                 "times are now fitted over the last ~256 samples of each mode "
                 "and acceptance follows changes by itself (docs/goodput.md); "
-                "remove it",
-                DeprecationWarning,
-                stacklevel=2,
+                "remove it"
             )
+            warnings.warn(msg, DeprecationWarning, stacklevel=2)
         if initial_mode not in ("spec", "plain"):
             raise ValueError(
                 f"goodput initial_mode {initial_mode!r}: expected 'spec' or 'plain'"
@@ -292,24 +260,17 @@ class Goodput:
         self._p1 = _Level()  # first-position acceptance, PLAIN side (eager)
         self._p1_ref = 0.0  # _p1 over the requests behind _acc (0: unknown)
         # lifetime first-position counts, SPEC and PLAIN side (reporting)
-        self._first_spec = self._req_spec = 0
-        self._first_plain = self._req_plain = 0
+        self._first_spec = self._req_spec = self._first_plain = self._req_plain = 0
         self._accept = 0.0  # A for the decision (0: not measured)
         self._s = 3  # draft tokens per SPEC step (num_draft_tokens - 1)
         self._resync_rel = _RESYNC_PRIOR
-        self._dwell = _MIN_DWELL
-        self._margin = 0.0
-        self._update_switch_costs()
-        self._switch_step = -(1 << 62)
+        self._update_switch_costs()  # _dwell, _margin
+        self._switch_step = self._entry_step = -(1 << 62)
         self._last = [-(1 << 62), -(1 << 62)]  # step of each mode's last sample
-        self._probe_left = 0
-        self._probe_mode = _SPEC
-        self._credit = 0.0  # probe budget (seconds)
-        self._credit_cap = 0.0
-        self._decided = 0
-        self._probed = 0
-        self._prev_mode = self.home
-        self._next_check = 0
+        self._probe_mode = self._prev_mode = self.home
+        self._credit = self._credit_cap = 0.0  # probe budget (seconds)
+        self._n_resync = self._probe_left = self._next_check = 0
+        self._decided = self._probed = 0
 
     # -- deciding -------------------------------------------------------------
 
@@ -348,8 +309,18 @@ class Goodput:
             gain = -_log(accept * t_h / t_a)  # PLAIN's, from PLAIN
         step = view.step
         margin = self._margin
-        if gain < -margin and step - self._switch_step >= self._dwell:
+        # switch: leaving SPEC costs nothing now; entering it pays a resync,
+        # so SPEC is entered at most once per dwell (and no switch follows
+        # another within _MIN_DWELL steps, the outcomes' delay)
+        if (
+            gain < -margin
+            and not far  # (there a probe comes first)
+            and step - self._switch_step >= _MIN_DWELL
+            and (away is _PLAIN or step - self._entry_step >= self._dwell)
+        ):
             self._switch_step = step
+            if away is _SPEC:
+                self._entry_step = step
             self.home = away
             self.switches += 1
             return away
@@ -464,9 +435,10 @@ class Goodput:
                 if fit.w == 0.0 or fit.leverage(b) > _RESYNC_LEVERAGE:
                     return
                 rel = dt / fit.predict(b) - 1.0
-                self._resync_rel += _RESYNC_WEIGHT * (
-                    (rel if rel > 0.0 else 0.0) - self._resync_rel
-                )
+                n = self._n_resync + 1
+                self._n_resync = n
+                w = 1.0 / n if n * _RESYNC_WEIGHT < 1.0 else _RESYNC_WEIGHT
+                self._resync_rel += w * ((rel if rel > 0.0 else 0.0) - self._resync_rel)
                 self._update_switch_costs()
                 return
         else:
@@ -517,10 +489,6 @@ class Goodput:
         """Share of the decided steps that were probes."""
         return self._probed / self._decided if self._decided else 0.0
 
-    @property
-    def dwell_steps(self) -> int:
-        return self._dwell
-
     def estimates(self) -> dict[str, float]:
         """What the policy believes (the runtime's optional contract)."""
         sp, pl = self._times
@@ -556,51 +524,28 @@ class Goodput:
             return None
 
 
+_S = Setting
+# fmt: off
 GOODPUT_SETTINGS = {
-    "max_explore_share": Setting(
-        float,
-        0.03,
-        "largest share of the decode time spent probing the mode not chosen",
-        0.0,
-        0.5,
-    ),
-    "explore_cost": Setting(
-        float,
-        0.01,
-        "re-probe a clear decision only when the probe's expected loss (time) "
-        "is at most this share of the time since the other mode was measured",
-        0.0001,
-        0.5,
-    ),
-    "stale_steps": Setting(
-        int,
-        256,
-        "steps after which the other mode's estimate counts as stale (re-probed "
-        "when explore_cost allows); a switch must gain its resync back over "
-        "this many steps",
-        1,
-    ),
-    "switch_overhead": Setting(
-        float,
-        0.05,
-        "largest share of the time to spend on draft resyncs: the dwell after a "
-        "switch is the measured resync over this",
-        0.001,
-        1.0,
-    ),
-    "probe_steps": Setting(int, 3, "steps in one probe (4x while uncertain)", 2, 64),
-    "initial_mode": Setting(
-        str, "spec", "mode before anything was measured", choices=("spec", "plain")
-    ),
-    "ema_alpha": Setting(
-        float,
-        None,
-        "deprecated, ignored (warns): step times are fitted over the last ~256 "
-        "samples per mode, acceptance follows changes by itself",
-        0.001,
-        1.0,
-    ),
+    "max_explore_share": _S(float, 0.03, "largest share of the decode time spent "
+                            "probing the mode not chosen", 0.0, 0.5),
+    "explore_cost": _S(float, 0.01, "re-probe a clear decision only when the "
+                       "probe's expected loss is at most this share of the time "
+                       "since the other mode was measured", 0.0001, 0.5),
+    "stale_steps": _S(int, 256, "steps after which the other mode's estimate is "
+                      "stale; a switch must gain its resync back over this many "
+                      "steps", 1),
+    "switch_overhead": _S(float, 0.05, "largest share of the time spent on draft "
+                          "resyncs: SPEC is entered at most once per measured "
+                          "resync over this", 0.001, 1.0),
+    "probe_steps": _S(int, 3, "steps in one probe (4x while uncertain)", 2, 64),
+    "initial_mode": _S(str, "spec", "mode before anything was measured",
+                       choices=("spec", "plain")),
+    "ema_alpha": _S(float, None, "deprecated, ignored (warns): step times are "
+                    "fitted over the last ~256 samples per mode, acceptance "
+                    "follows changes by itself", 0.001, 1.0),
 }
+# fmt: on
 
 
 @hookimpl
