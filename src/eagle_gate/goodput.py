@@ -43,9 +43,10 @@ _log = math.log
 #: accept length from 3.2 to 1.8 shows within about 15 steps.
 _FAST_REQUESTS = 16.0
 _FAST_WEIGHT = 1.0 / _FAST_REQUESTS
-#: requests behind the slow acceptance estimates at most (about 1.5% of
-#: relative noise at batch 1, while nothing changes).
-_SLOW_REQUESTS = 4096.0
+#: requests behind the slow acceptance estimates at most: about 1.5% of
+#: relative noise, and a lag of ~64 steps at batch 8 behind a gradual drift
+#: (a class mix that moves with the requests), which no restart catches.
+_SLOW_REQUESTS = 1024.0
 #: a slow estimate restarts from the fast one when they differ by more than
 #: this many standard errors (a change, not noise; squared).
 _Z_CHANGE2 = 4.0 * 4.0
@@ -258,7 +259,7 @@ class Goodput:
         self._times = (_StepTime(), _StepTime())  # indexed by Mode
         self._acc = _Level()  # tokens per request of a SPEC step
         self._p1 = _Level()  # first-position acceptance, PLAIN side (eager)
-        self._p1_ref = 0.0  # _p1 over the requests behind _acc (0: unknown)
+        self._p1_ref = 0.0  # _p1 at the last SPEC step (0: too few samples)
         # lifetime first-position counts, SPEC and PLAIN side (reporting)
         self._first_spec = self._req_spec = self._first_plain = self._req_plain = 0
         self._accept = 0.0  # A for the decision (0: not measured)
@@ -403,29 +404,14 @@ class Goodput:
         if mode is _SPEC or mode == 0:
             mode = _SPEC
             acc = self._acc
-            restarted = acc.add(outcome.tokens / b, b)
+            acc.add(outcome.tokens / b, b)
             self._first_spec += b - outcome.accept_lens.count(1)
             self._req_spec += b
+            # the acceptance as measured, and the PLAIN-side first-position
+            # acceptance it goes with (the reference for PLAIN-side changes)
+            self._accept = acc.slow
             p1 = self._p1
-            if p1.n < _FAST_REQUESTS:  # no PLAIN-side acceptance (yet)
-                self._accept = acc.slow
-            else:
-                # the PLAIN-side first-position acceptance over the same
-                # requests as the accept length: the reference for its changes
-                ref = self._p1_ref
-                p = p1.slow
-                if restarted or ref == 0.0:
-                    ref = p
-                elif ref != p:
-                    f = b / acc.n
-                    ref += (f if f < 1.0 else 1.0) * (p - ref)
-                    if -1e-4 < p - ref < 1e-4:  # caught up (saves the update)
-                        ref = p
-                self._p1_ref = ref
-                if ref == p:
-                    self._accept = acc.slow
-                else:
-                    self._update_accept(p)
+            self._p1_ref = p1.slow if p1.n >= _FAST_REQUESTS else 0.0
             if dt is None or dt <= 0.0:
                 return
             fit = self._times[0]
@@ -448,11 +434,9 @@ class Goodput:
                 self._first_plain += m
                 self._req_plain += b
                 p1 = self._p1
-                p1.add(m / b, b)
+                changed = p1.add(m / b, b)
                 if self._p1_ref > 0.0:
-                    self._update_accept(p1.slow)
-                elif p1.n >= _FAST_REQUESTS and self._acc.n:
-                    self._p1_ref = p1.slow  # the first usable reference
+                    self._update_accept(p1.slow, changed)
             if dt is None or dt <= 0.0:
                 return
             fit = self._times[1]
@@ -462,17 +446,23 @@ class Goodput:
         if self._credit > self._credit_cap:
             self._credit = self._credit_cap
 
-    def _update_accept(self, p_now: float) -> None:
-        """The decision's acceptance: the SPEC steps' accept length, moved
-        along with the PLAIN-side first-position acceptance (eager sync)
-        through the draft's geometric depth profile. Only its change counts
-        (``p_now`` against ``_p1_ref``, its mean over the requests behind the
-        accept length, both PLAIN-side), so a constant offset between
-        PLAIN-side agreement and SPEC's first-position acceptance cancels."""
+    def _update_accept(self, p_now: float, changed: bool) -> None:
+        """The decision's acceptance while PLAIN runs: the SPEC steps' accept
+        length, moved along with the PLAIN-side first-position acceptance
+        (eager sync) through the draft's geometric depth profile. Only its
+        change since the last SPEC step counts (``p_now`` against
+        ``_p1_ref``, both PLAIN-side), so a constant offset between PLAIN-side
+        agreement and SPEC's first-position acceptance cancels. On a detected
+        change the accept length restarts from this prediction (the next
+        SPEC steps refine it), and the reference moves to ``p_now``."""
         s = self._s
-        self._accept = 1.0 + (self._acc.slow - 1.0) * (
-            _depth(p_now, s) / _depth(self._p1_ref, s)
-        )
+        acc = self._acc
+        a = 1.0 + (acc.slow - 1.0) * (_depth(p_now, s) / _depth(self._p1_ref, s))
+        self._accept = a
+        if changed:
+            acc.restart(a)
+            acc.fast = a
+            self._p1_ref = p_now
 
     def _update_switch_costs(self) -> None:
         """Dwell and margin from the measured resync: resyncs at most
