@@ -410,7 +410,7 @@ def test_close_call_settles_in_the_better_mode_from_either_start(spec_gain, init
         pol = Goodput(initial_mode=initial)
         modes, _ = drive(pol, 12000, 16, tp, ts, acc, resync=0.002, none_every=4)
         assert share(modes, want, last=6000) > 0.85, seed
-        assert pol.switches <= 20, (seed, pol.switches)
+        assert pol.switches <= 30, (seed, pol.switches)
 
 
 def test_a_batch_between_two_sizes_does_not_flap():

@@ -43,10 +43,10 @@ _log = math.log
 #: accept length from 3.2 to 1.8 shows within about 15 steps.
 _FAST_REQUESTS = 16.0
 _FAST_WEIGHT = 1.0 / _FAST_REQUESTS
-#: requests behind the slow acceptance estimates at most: about 1.5% of
-#: relative noise, and a lag of ~64 steps at batch 8 behind a gradual drift
+#: requests behind the slow acceptance estimates at most: about 1% of
+#: relative noise, and a lag of ~128 steps at batch 8 behind a gradual drift
 #: (a class mix that moves with the requests), which no restart catches.
-_SLOW_REQUESTS = 1024.0
+_SLOW_REQUESTS = 2048.0
 #: a slow estimate restarts from the fast one when they differ by more than
 #: this many standard errors (a change, not noise; squared).
 _Z_CHANGE2 = 4.0 * 4.0
