@@ -45,7 +45,9 @@ def stream(kind: str, steps: int) -> tuple[list[int], list[tuple]]:
     outs = []
     for i, b in enumerate(sizes):
         spec = StepOutcome(Mode.SPEC, b, 2 * b, (2,) * 4, 0.01 + b * 1e-4, i)
-        plain = StepOutcome(Mode.PLAIN, b, b, (1,) * 4, 0.008 + b * 5e-5, i)
+        # eager draft sync: PLAIN outcomes carry the draft's matches (all:
+        # SPEC accepts the first draft token of every request, too)
+        plain = StepOutcome(Mode.PLAIN, b, b, (1,) * 4, 0.008 + b * 5e-5, i, b)
         outs.append((spec, plain))
     return sizes, outs
 

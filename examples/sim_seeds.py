@@ -14,6 +14,16 @@ numbers across the policies within a seed) and prints, per row, the mean and
 the smallest ratio over the seeds of goodput to the better fixed mode
 (``gp/best(a,n)``) and to ``oracle-mean``, with the standard error of the
 mean. Rows whose mean is below ``--below`` are listed at the end.
+
+``--suite`` runs instead the policy suite of issue #23
+(:func:`eagle_gate.sim.workloads.policy_suite`: acceptance drift, close calls
+at batch 1/4/8, batch jitter, a load ramp through a crossover; outcomes 1-2
+steps late) and prints one markdown row per suite row: goodput's mean and
+worst seed against ``oracle-mean``, its mean against the better fixed mode,
+its switches (mean per run) and the share of the time it spent away from its
+chosen mode (probes). ``--seed-start`` picks other seeds (hold-outs);
+``--policy FILE:CLASS`` runs another policy class in place of goodput (the
+old one, for a before/after table).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from eagle_gate.sim.workloads import (
     close_scenarios,
     grid_scenarios,
     mix_scenarios,
+    policy_suite,
     ramp_scenario,
 )
 
@@ -71,6 +82,76 @@ def summary(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.4f} +-{se:.4f}  min {min(xs):.4f}"
 
 
+def load_policy(spec: str):
+    """``FILE:CLASS`` -> the class (a policy factory)."""
+    import importlib.util
+
+    path, _, cls = spec.rpartition(":")
+    mod_spec = importlib.util.spec_from_file_location("_policy_under_test", path)
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    return getattr(module, cls)
+
+
+def suite(make, seeds: range, quick: bool) -> list[dict]:
+    """Run the policy suite; one dict of figures per row."""
+    out = []
+    for name, prof, scenario in policy_suite(quick):
+        om, best, sw, expl = [], [], [], []
+        for seed in seeds:
+            sc = scenario(seed * SEED_STRIDE)
+            tok = {}
+            for key, factory in (
+                ("always", AlwaysSpec),
+                ("never", NeverSpec),
+                ("oracle-mean", OracleMean),
+            ):
+                tok[key] = Simulator(prof, sc).run(factory()).tok_s
+            res = Simulator(prof, sc).run(make())
+            om.append(res.tok_s / tok["oracle-mean"])
+            best.append(res.tok_s / max(tok["always"], tok["never"]))
+            sw.append(res.switches or 0)
+            expl.append((res.explored_s or 0.0) / res.clock_s)
+        out.append(
+            {
+                "row": name,
+                "om_mean": statistics.mean(om),
+                "om_worst": min(om),
+                "best_mean": statistics.mean(best),
+                "switches": statistics.mean(sw),
+                "explored": statistics.mean(expl),
+                "om": om,
+            }
+        )
+    return out
+
+
+def print_suite(rows: list[dict], seeds: range) -> None:
+    print(
+        f"policy suite, seeds {seeds.start}..{seeds.stop - 1}: goodput / "
+        "oracle-mean (mean, worst seed), / better fixed mode, switches per "
+        "run, explored time share"
+    )
+    print()
+    print(
+        "| row | mean/oracle-mean | worst seed | mean/best fixed | switches "
+        "| explored time |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        flag = "" if r["om_mean"] >= 0.98 and r["om_worst"] >= 0.95 else " (miss)"
+        print(
+            f"| {r['row']}{flag} | {r['om_mean']:.4f} | {r['om_worst']:.4f} | "
+            f"{r['best_mean']:.4f} | {r['switches']:.1f} | {r['explored']:.2%} |"
+        )
+    print()
+    print(
+        f"mean over rows: {statistics.mean(r['om_mean'] for r in rows):.4f} x "
+        f"oracle-mean, {statistics.mean(r['best_mean'] for r in rows):.4f} x the "
+        "better fixed mode"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
@@ -78,7 +159,17 @@ def main() -> None:
     ap.add_argument("--workload", action="append")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--below", type=float, default=0.995)
+    ap.add_argument("--suite", action="store_true", help="the #23 policy suite")
+    ap.add_argument("--seed-start", type=int, default=0)
+    ap.add_argument("--policy", help="FILE:CLASS to run instead of goodput")
     args = ap.parse_args()
+    if args.suite:
+        t0 = time.perf_counter()
+        make = load_policy(args.policy) if args.policy else Goodput
+        seeds = range(args.seed_start, args.seed_start + args.seeds)
+        print_suite(suite(make, seeds, args.quick), seeds)
+        print(f"({time.perf_counter() - t0:.0f} s)")
+        return
     t0 = time.perf_counter()
     low = []
     print(f"goodput over {args.seeds} seeds: mean +-standard error, smallest")

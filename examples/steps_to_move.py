@@ -9,18 +9,23 @@ the number of steps after the change until the policy's chosen mode (its
 "home", probes aside) is the new better mode and stays so for the next 200
 steps. Step times come from the profile (``plain_time`` / ``spec_time``, its
 resync and noise), accept lengths are drawn per request (geometric, like the
-simulator), outcomes arrive one step late. The seed profile (8 PCIe GPUs,
-TP8) runs PLAIN everywhere at its measured acceptance (alpha 0.6); with
-alpha 0.85 SPEC wins at batch 1 (by ~20%), so the cases are:
+simulator), outcomes arrive 1-2 steps late (drawn per step, order kept), and
+PLAIN outcomes carry ``draft_matches`` (eager draft sync: per request, whether
+the first draft token would have been accepted; ``--sync none`` leaves it
+None, as lazy and none sync do). The seed profile (8 PCIe GPUs, TP8) runs
+PLAIN everywhere at its measured acceptance (alpha 0.6); with alpha 0.85 SPEC
+wins at batch 1 (by ~23%), with 0.45 PLAIN does (by ~31%), so the cases are:
 
 * load up: batch 1 -> 30 at alpha 0.85 (SPEC -> PLAIN)
 * load down: batch 30 -> 1 at alpha 0.85 (PLAIN -> SPEC)
-* acceptance down: alpha 0.85 -> 0.6 at batch 1 (SPEC -> PLAIN)
-* acceptance up: alpha 0.6 -> 0.85 at batch 1 (PLAIN -> SPEC)
+* acceptance down: alpha 0.85 -> 0.45 at batch 1 (SPEC -> PLAIN)
+* acceptance up: alpha 0.45 -> 0.85 at batch 1 (PLAIN -> SPEC)
 
 each from either initial mode (``initial_mode`` spec / plain: the policy
 reaches the first condition from there). Prints the median and the largest
 count over the seeds; "never" means it did not move within ``--after`` steps.
+``--policy FILE:CLASS`` measures another policy class (it must expose its
+chosen mode as ``home``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import argparse
 import math
 import random
 import statistics
+from collections import deque
 
 from eagle_gate.goodput import Goodput
 from eagle_gate.policy import Mode, StepOutcome, StepView
@@ -37,8 +43,8 @@ from eagle_gate.sim.profiles import get_profile
 CASES = (
     ("load up", (1, 0.85), (30, 0.85)),
     ("load down", (30, 0.85), (1, 0.85)),
-    ("acceptance down", (1, 0.85), (1, 0.6)),
-    ("acceptance up", (1, 0.6), (1, 0.85)),
+    ("acceptance down", (1, 0.85), (1, 0.45)),
+    ("acceptance up", (1, 0.45), (1, 0.85)),
 )
 STAY = 200
 
@@ -48,12 +54,23 @@ def better_mode(prof, b: int, alpha: float) -> Mode:
     return Mode.SPEC if spec > b / prof.plain_time(b, 0) else Mode.PLAIN
 
 
-def run_case(prof, before, after, initial, seed, n_before, n_after) -> int | None:
+def run_case(
+    prof,
+    before,
+    after,
+    initial,
+    seed,
+    n_before,
+    n_after,
+    make=Goodput,
+    eager=True,
+) -> int | None:
     rng = random.Random(seed)
-    pol = Goodput(initial_mode=initial)
+    pol = make(initial_mode=initial)
     view = StepView(num_draft_tokens=prof.num_draft_tokens)
     k = prof.num_draft_tokens
-    pending = None
+    pending: deque = deque()
+    last_release = 0
     plain_run = 0
     homes = []
     for i in range(n_before + n_after):
@@ -61,10 +78,10 @@ def run_case(prof, before, after, initial, seed, n_before, n_after) -> int | Non
         ctx = b * 1500
         view.update(batch_size=b, step=i, seq_len_sum=ctx)
         mode = pol.decide(view)
-        if pending is not None:
-            pol.observe(pending)
+        while pending and pending[0][0] <= i:
+            pol.observe(pending.popleft()[1])
         if i >= n_before:
-            homes.append(pol._home)  # the mode it has chosen (probes aside)
+            homes.append(pol.home)  # the mode it has chosen (probes aside)
         noise = math.exp(rng.gauss(0.0, prof.noise))
         if mode is Mode.SPEC:
             dt = prof.spec_time(b, ctx)
@@ -76,11 +93,16 @@ def run_case(prof, before, after, initial, seed, n_before, n_after) -> int | Non
             for _ in range(b):
                 j = int(math.log(1.0 - rng.random()) / la)
                 lens.append(min(j + 1, k))
+            matches = None
         else:
             dt = prof.plain_time(b, ctx)
             plain_run += 1
             lens = [1] * b
-        pending = StepOutcome(mode, b, sum(lens), lens, dt * noise, i)
+            matches = sum(rng.random() < alpha for _ in range(b)) if eager else None
+        release = max(last_release, i + rng.randint(1, 2))
+        last_release = release
+        out = StepOutcome(mode, b, sum(lens), lens, dt * noise, i, matches)
+        pending.append((release, out))
     want = better_mode(prof, *after)
     for t in range(len(homes) - STAY + 1):
         if all(h is want for h in homes[t : t + STAY]):
@@ -94,9 +116,21 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--before", type=int, default=3000)
     ap.add_argument("--after", type=int, default=6000)
+    ap.add_argument("--sync", choices=("eager", "none"), default="eager")
+    ap.add_argument("--policy", help="FILE:CLASS to measure instead of goodput")
     args = ap.parse_args()
+    make = Goodput
+    if args.policy:
+        import importlib.util
+
+        path, _, cls = args.policy.rpartition(":")
+        spec = importlib.util.spec_from_file_location("_policy_under_test", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        make = getattr(module, cls)
     prof = get_profile(args.profile)
     print(f"profile {prof.name}: steps to the better mode after a step change")
+    print(f"(draft sync {args.sync}: PLAIN draft_matches {args.sync == 'eager'})")
     print(f"(median / largest over {args.seeds} seeds; stays {STAY} steps after)")
     print()
     print("| change | better mode | from initial spec | from initial plain |")
@@ -105,7 +139,17 @@ def main() -> None:
         cells = []
         for initial in ("spec", "plain"):
             counts = [
-                run_case(prof, before, after, initial, s, args.before, args.after)
+                run_case(
+                    prof,
+                    before,
+                    after,
+                    initial,
+                    s,
+                    args.before,
+                    args.after,
+                    make,
+                    args.sync == "eager",
+                )
                 for s in range(args.seeds)
             ]
             if any(c is None for c in counts):

@@ -1,21 +1,25 @@
-"""The goodput policy on synthetic cost curves (no simulator, no wall clock)."""
+"""The goodput policy on synthetic cost curves (no simulator, no wall clock).
+
+Outcomes arrive 1-2 steps late, as in serving. Each test's docstring or
+comment says what a broken policy would do to fail it.
+"""
 
 from __future__ import annotations
 
 import math
+import random
+from collections import deque
+from pathlib import Path
 
 import pytest
 
-from eagle_gate.goodput import (
-    GOODPUT_SETTINGS,
-    Goodput,
-    _bucket_index,
-    batch_bucket,
-    context_bucket,
-    eagle_gate_policies,
-)
+from eagle_gate.goodput import GOODPUT_SETTINGS, Goodput, eagle_gate_policies
 from eagle_gate.policy import Mode, Policy, StepOutcome, StepView
-from eagle_gate.settings import validate_settings
+from eagle_gate.settings import SettingsError, validate_settings
+
+
+def _val(x, i):
+    return x(i) if callable(x) else x
 
 
 def drive(
@@ -28,52 +32,76 @@ def drive(
     *,
     resync=0.0,
     none_every=0,
-    ctx=1000,
+    p1=None,
     start=0,
+    seed=0,
 ):
-    """Run ``steps`` decode steps; outcomes arrive one step late. ``batch``,
-    ``t_plain``, ``t_spec``, ``acc`` and ``resync`` may be callables of the
-    step."""
+    """Run ``steps`` decode steps; outcomes arrive 1-2 steps late (in order).
+    ``batch``, ``t_plain``, ``t_spec``, ``acc`` (tokens per request of a SPEC
+    step), ``resync`` and ``p1`` may be callables of the step. ``p1``: the
+    first-position acceptance PLAIN outcomes report as ``draft_matches``
+    (eager sync); None: not reported (lazy/none sync). Returns the modes run
+    and the time each step took."""
+    rng = random.Random(seed)
     view = StepView(num_draft_tokens=4)
-    modes = []
-    pending = None
+    modes, times = [], []
+    pending = deque()
+    last_release = 0
     prev = None
     for i in range(start, start + steps):
-        b = batch(i) if callable(batch) else batch
-        view.update(batch_size=b, step=i, seq_len_sum=b * ctx)
+        b = _val(batch, i)
+        view.update(batch_size=b, step=i, seq_len_sum=b * 1000)
         mode = policy.decide(view)
         assert isinstance(mode, Mode)
-        if pending is not None:
-            policy.observe(pending)
-        tp = t_plain(i) if callable(t_plain) else t_plain
-        ts = t_spec(i) if callable(t_spec) else t_spec
-        a = acc(i) if callable(acc) else acc
+        while pending and pending[0][0] <= i:
+            policy.observe(pending.popleft()[1])
+        matches = None
         if mode is Mode.SPEC:
-            if prev is Mode.PLAIN:
-                dt = ts + (resync(i) if callable(resync) else resync)
-            else:
-                dt = ts
+            dt = _val(t_spec, i) + (_val(resync, i) if prev is Mode.PLAIN else 0.0)
             # the contract: tokens == sum(accept_lens), each in 1..k
+            a = _val(acc, i)
             tokens = max(b, min(4 * b, round(a * b)))
             q, extra = divmod(tokens, b)
             lens = (q + 1,) * extra + (q,) * (b - extra)
         else:
-            dt = tp
+            dt = _val(t_plain, i)
             tokens = b
             lens = (1,) * b
+            if p1 is not None:
+                p = _val(p1, i)
+                matches = sum(rng.random() < p for _ in range(b))
         interval = None if none_every and i % none_every == 0 else dt
-        assert tokens == sum(lens)
-        pending = StepOutcome(mode, b, tokens, lens, interval, i)
+        release = max(last_release, i + rng.randint(1, 2))
+        last_release = release
+        out = StepOutcome(mode, b, tokens, lens, interval, i, matches)
+        pending.append((release, out))
         modes.append(mode)
+        times.append(dt)
         prev = mode
-    if pending is not None:
-        policy.observe(pending)
-    return modes
+    for _, out in pending:
+        policy.observe(out)
+    return modes, times
 
 
 def share(modes, mode, last=None):
     xs = modes[-last:] if last else modes
     return sum(m is mode for m in xs) / len(xs)
+
+
+class FlipOnBatch:
+    """A sabotage for the tests below: SPEC at batches up to 8, PLAIN above,
+    on every step (follows every batch change, whatever the resync costs)."""
+
+    name = "flip"
+
+    def decide(self, view):
+        return Mode.SPEC if view.batch_size <= 8 else Mode.PLAIN
+
+    def observe(self, outcome):
+        pass
+
+
+# -- settings -------------------------------------------------------------------
 
 
 def test_registered_with_typed_settings():
@@ -89,162 +117,274 @@ def test_registered_with_typed_settings():
     assert set(GOODPUT_SETTINGS) == set(values)
 
 
-def test_buckets_monotone():
-    last = -1
-    for b in range(1, 5000):
-        i = batch_bucket(b)
-        assert i >= last
-        last = i
-    assert batch_bucket(0) == 0
-    assert context_bucket(100) == 0
-    assert context_bucket(2000) == 1
-    assert context_bucket(10_000) == 2
-    assert context_bucket(10**7) == 4
+def test_bad_settings_fail_and_ema_alpha_is_deprecated():
+    with pytest.raises(SettingsError, match="'initial_mode'"):
+        validate_settings("goodput", GOODPUT_SETTINGS, {"initial_mode": "maybe"})
+    with pytest.raises(SettingsError, match="'ema_alpha'"):
+        validate_settings("goodput", GOODPUT_SETTINGS, {"ema_alpha": "nan"})
+    with pytest.raises(ValueError, match="initial_mode"):
+        Goodput(initial_mode="maybe")
+    values = validate_settings("goodput", GOODPUT_SETTINGS, {"ema_alpha": "0.2"})
+    with pytest.warns(DeprecationWarning, match="'ema_alpha' is deprecated"):
+        Goodput(**values)
+    # not set: no warning
+    Goodput(**validate_settings("goodput", GOODPUT_SETTINGS, {}))
+
+
+def test_cold_start_follows_initial_mode():
+    pol = Goodput(initial_mode="plain")
+    assert pol.decide(StepView(batch_size=3, step=0, seq_len_sum=3000)) is Mode.PLAIN
+    pol = Goodput()
+    assert pol.decide(StepView(batch_size=3, step=0, seq_len_sum=None)) is Mode.SPEC
+
+
+# -- picking the faster mode -------------------------------------------------------
 
 
 def test_picks_plain_where_plain_is_faster():
     # SPEC: 2.2 tokens in 30 ms (73/s), PLAIN: 1 token in 11 ms (91/s)
     pol = Goodput()
-    modes = drive(pol, 3000, 4, 0.011, 0.030, 2.2, resync=0.004)
-    assert share(modes, Mode.PLAIN, last=2000) > 0.98
-    assert pol.explored_share <= pol.max_explore_share + 2 * pol.probe_steps / 3000
+    modes, times = drive(pol, 3000, 4, 0.011, 0.030, 2.2, resync=0.004)
+    assert share(modes, Mode.PLAIN, last=2000) > 0.97
 
 
 def test_picks_spec_where_spec_is_faster():
     # SPEC: 3.3 tokens in 9 ms, PLAIN: 1 token in 6.3 ms
-    pol = Goodput()
-    modes = drive(pol, 3000, 1, 0.0063, 0.009, 3.3, resync=0.001)
-    assert share(modes, Mode.SPEC, last=2000) > 0.98
+    pol = Goodput(initial_mode="plain")
+    modes, _ = drive(pol, 3000, 1, 0.0063, 0.009, 3.3, resync=0.001, p1=0.8)
+    assert share(modes, Mode.SPEC, last=2000) > 0.97
 
 
 def test_follows_batch_size_crossover():
-    # spec wins at small batches, plain at large ones
-    def t_spec(i, b=None):
-        return 0.009 + 0.0008 * batch(i)
-
+    # SPEC wins at small batches, PLAIN at large ones
     def batch(i):
         return 2 if (i // 2000) % 2 == 0 else 128
 
     pol = Goodput()
-    modes = drive(pol, 8000, batch, lambda i: 0.006 + 0.0001 * batch(i), t_spec, 3.0)
+    modes, _ = drive(
+        pol,
+        8000,
+        batch,
+        lambda i: 0.006 + 0.0001 * batch(i),
+        lambda i: 0.009 + 0.0008 * batch(i),
+        3.0,
+    )
     for seg in range(4):
-        part = modes[seg * 2000 + 300 : (seg + 1) * 2000]
+        # a load change is followed within 30 steps
+        part = modes[seg * 2000 + 30 : (seg + 1) * 2000]
         want = Mode.SPEC if seg % 2 == 0 else Mode.PLAIN
         assert share(part, want) > 0.95, seg
 
 
-def test_exploration_within_bound_and_does_not_flap():
-    # near a tie with noisy timings: few switches, bounded exploration
-    def noisy(base, k):
-        return lambda i: base * (1.0 + 0.05 * math.sin(i * k))
+def explored_time(modes, times, want):
+    return sum(t for m, t in zip(modes, times, strict=True) if m is not want) / sum(
+        times
+    )
 
+
+def test_probes_are_budgeted_in_time():
+    # at batch 64 a SPEC step takes 5x a PLAIN step and PLAIN wins clearly:
+    # probes charged in steps (the old policy) spent ~5x their share of the
+    # time; here the time away from PLAIN stays within max_explore_share
     pol = Goodput()
-    steps = 20000
-    drive(pol, steps, 16, noisy(0.020, 1.3), noisy(0.041, 0.7), 2.0, resync=0.01)
-    limit = pol.max_explore_share + (2 * pol.probe_steps + 4 * pol.probe_steps) / steps
-    assert pol.explored_share <= limit
-    assert pol.switches <= steps / pol.dwell_steps / 4
-    assert pol.switches < 50
+    modes, times = drive(pol, 6000, 64, 0.020, 0.100, 2.5, resync=0.01)
+    tail = slice(1000, None)
+    assert share(modes[tail], Mode.PLAIN) > 0.95
+    assert explored_time(modes[tail], times[tail], Mode.PLAIN) <= (
+        pol.max_explore_share
+    )
 
 
-def resync_share(modes, t_plain, t_spec, resync):
+# -- resyncs (#25 finding 5) ---------------------------------------------------------
+
+
+def _flipping(i):
+    return 2 if (i // 4) % 2 == 0 else 128
+
+
+def _tp(i):
+    return 0.006 + 0.0001 * _flipping(i)
+
+
+def _ts(i):
+    return 0.009 + 0.0008 * _flipping(i)
+
+
+def resync_share(modes, resync):
     """Share of the time spent on draft resyncs (first SPEC step after PLAIN)."""
-    total = 0.0
-    spent = 0.0
+    total = spent = 0.0
     prev = None
     for i, m in enumerate(modes):
-        if m is Mode.SPEC:
-            total += t_spec(i)
-            if prev is Mode.PLAIN:
-                total += resync
-                spent += resync
-        else:
-            total += t_plain(i)
+        total += _ts(i) if m is Mode.SPEC else _tp(i)
+        if m is Mode.SPEC and prev is Mode.PLAIN:
+            total += resync
+            spent += resync
         prev = m
     return spent / total
 
 
+def efficiency(modes, resync):
+    """The time the better mode of each step would have taken to emit what
+    the step emitted, over the time taken (resyncs included): 1.0 follows
+    every batch change for free. (Tokens/s over the run would favour the
+    large batches' steps: the batch sequence here does not depend on the
+    policy, unlike a server's.)"""
+    ideal = spent = 0.0
+    prev = None
+    for i, m in enumerate(modes):
+        b = _flipping(i)
+        best = max(3.0 * b / _ts(i), b / _tp(i))  # tokens/s of the better mode
+        ideal += (3.0 * b if m is Mode.SPEC else b) / best
+        spent += _ts(i) if m is Mode.SPEC else _tp(i)
+        if m is Mode.SPEC and prev is Mode.PLAIN:
+            spent += resync
+        prev = m
+    return ideal / spent
+
+
 @pytest.mark.parametrize("resync", [0.0005, 0.004, 0.012, 0.03])
-def test_resync_time_stays_below_the_setting(resync):
-    # the batch flips every 4 steps between a size where SPEC wins by far
-    # and one where PLAIN does: following every flip would spend most of the
-    # time on resyncs; the measured resync and the dwell keep the share low
-    def batch(i):
-        return 2 if (i // 4) % 2 == 0 else 128
-
-    def t_plain(i):
-        return 0.006 + 0.0001 * batch(i)
-
-    def t_spec(i):
-        return 0.009 + 0.0008 * batch(i)
-
+def test_resyncs_cost_at_most_switch_overhead(resync):
+    """The batch flips every 4 steps between 2 (SPEC 3x faster per token) and
+    128 (PLAIN ahead). The module doc claims resyncs cost at most
+    ``switch_overhead`` of the time (SPEC is entered at most once per dwell),
+    plus those of probes (paid from ``max_explore_share``). Flipping on
+    every batch change spends 9% (0.012 s) to 20% (0.03 s) of the time on
+    resyncs."""
     pol = Goodput()
-    modes = drive(pol, 6000, batch, t_plain, t_spec, 3.0, resync=resync)
-    # switches, and the probes' resyncs (bounded by explore_cost)
-    assert resync_share(modes, t_plain, t_spec, resync) <= (
-        pol.switch_overhead + pol.explore_cost
-    )
+    modes, _ = drive(pol, 6000, _flipping, _tp, _ts, 3.0, resync=resync)
+    assert resync_share(modes, resync) <= pol.switch_overhead + pol.max_explore_share
+
+
+@pytest.mark.parametrize(
+    "resync",
+    [
+        0.0005,
+        0.004,
+        0.012,
+        pytest.param(
+            0.03,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="known miss (docs/goodput.md): a resync of ~3 SPEC steps "
+                "paid every 4-step stretch; goodput enters SPEC once per dwell "
+                "and reaches 0.83 of the ideal, always-PLAIN 0.89",
+            ),
+        ),
+    ],
+)
+def test_following_the_batch_never_loses_to_a_fixed_mode(resync):
+    """Following the flipping batch must not lose to the better fixed mode
+    by more than the probe budget; with cheap resyncs it must follow (fixed
+    modes: 0.89 and 0.55 of the ideal). Always-SPEC fails the first bound,
+    flipping on every batch change the first at 0.03 s."""
+    steps = 6000
+    pol = Goodput()
+    modes, _ = drive(pol, steps, _flipping, _tp, _ts, 3.0, resync=resync)
+    fixed = max(efficiency([m] * steps, resync) for m in (Mode.SPEC, Mode.PLAIN))
+    got = efficiency(modes, resync)
+    assert got >= fixed - pol.max_explore_share, (got, fixed)
     if resync <= 0.0005:
-        # cheap resyncs: it does follow the batch (SPEC at batch 2)
-        small = [m for i, m in enumerate(modes) if batch(i) == 2]
-        assert share(small[1000:], Mode.SPEC) > 0.3
+        assert got >= 0.97, got  # follows the batch
 
 
 def test_dearer_resync_switches_less():
-    def batch(i):
-        return 2 if (i // 4) % 2 == 0 else 128
-
     counts = []
     for resync in (0.0005, 0.012):
         pol = Goodput()
-        drive(
-            pol,
-            4000,
-            batch,
-            lambda i: 0.006 + 0.0001 * batch(i),
-            lambda i: 0.009 + 0.0008 * batch(i),
-            3.0,
-            resync=resync,
-        )
+        drive(pol, 4000, _flipping, _tp, _ts, 3.0, resync=resync)
         counts.append(pol.switches)
     assert counts[1] < counts[0]
 
 
-def test_none_intervals_are_ignored_for_timing():
+# -- acceptance ----------------------------------------------------------------------
+
+
+def _accept(alpha):
+    return sum(alpha**j for j in range(4))
+
+
+#: seed-pcie-tp8 at batch 1: a SPEC step takes 2.58 PLAIN steps
+_TP1, _TS1 = 0.01066, 0.02747
+
+
+def steps_to(modes, want, after, stay=200):
+    """Steps after ``after`` until ``want`` runs for ``stay`` steps in a row
+    (probes aside: 95% of them)."""
+    for t in range(after, len(modes) - stay):
+        if share(modes[t : t + stay], want) >= 0.95:
+            return t - after
+    return None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_acceptance_drop_at_batch_1_is_followed_within_60_steps(seed):
+    # acceptance 0.85 -> 0.45: SPEC 23% ahead -> PLAIN 31% ahead. A policy
+    # without the restart of its acceptance estimate (a plain long mean, as
+    # _Z_CHANGE2 = inf makes it) needs hundreds of steps
+    def acc(i):
+        return _accept(0.85 if i < 3000 else 0.45)
+
     pol = Goodput()
-    drive(pol, 3000, 4, 0.011, 0.030, 2.2, none_every=2)
-    tp, ts, acc, n_plain, n_spec = pol.bucket_estimates(4, 1000)
-    assert tp == pytest.approx(0.011)
-    assert ts == pytest.approx(0.030, rel=0.05)
-    assert acc == pytest.approx(2.2, rel=0.05)
+    modes, _ = drive(pol, 4500, 1, _TP1, _TS1, acc, resync=0.004, p1=0.85, seed=seed)
+    assert share(modes[2000:3000], Mode.SPEC) > 0.95
+    moved = steps_to(modes, Mode.PLAIN, 3000)
+    assert moved is not None and moved <= 60, moved
 
 
-def test_deterministic_given_inputs():
-    a, b = Goodput(), Goodput()
-    args = (
-        5000,
-        lambda i: 1 + (i * 37) % 200,
-        0.01,
-        lambda i: 0.02 + (i % 7) * 1e-3,
-        2.5,
-    )
-    assert drive(a, *args) == drive(b, *args)
+@pytest.mark.parametrize("seed", range(4))
+def test_acceptance_rise_seen_from_plain_through_draft_matches(seed):
+    """Acceptance 0.45 -> 0.85 while PLAIN runs: the PLAIN steps' draft
+    matches (eager sync) show it; the policy moves to SPEC within 300 steps.
+    Without draft matches (lazy/none sync) only stale-probes see it: it
+    takes longer; the policy ignoring ``draft_matches`` fails the first
+    bound."""
 
+    def alpha(i):
+        return 0.45 if i < 3000 else 0.85
 
-def test_cold_start_and_settings_validation():
+    def acc(i):
+        return _accept(alpha(i))
+
     pol = Goodput(initial_mode="plain")
-    view = StepView(batch_size=3, step=0, seq_len_sum=3000)
-    assert pol.decide(view) is Mode.PLAIN
-    with pytest.raises(ValueError):
-        validate_settings("goodput", GOODPUT_SETTINGS, {"initial_mode": "maybe"})
+    modes, _ = drive(pol, 4500, 1, _TP1, _TS1, acc, resync=0.004, p1=alpha, seed=seed)
+    assert share(modes[2000:3000], Mode.PLAIN) > 0.95
+    moved = steps_to(modes, Mode.SPEC, 3000)
+    assert moved is not None and moved <= 300, moved
+    est = pol.estimates()
+    # both sides measured the same first-position acceptance (the test's
+    # PLAIN side draws it with the same alpha as the SPEC side's accept length)
+    assert est["first_accept_plain"] > 0.0 and est["first_accept_spec"] > 0.0
+
+
+def test_a_constant_offset_of_the_plain_side_cancels():
+    # the PLAIN side reports first-position agreement 0.15 below what SPEC
+    # measures (an imperfect draft sync): only its changes count, so the
+    # policy stays in SPEC where SPEC is 23% ahead, and still follows a drop
+    def alpha(i):
+        return 0.85 if i < 3000 else 0.45
+
+    pol = Goodput()
+    modes, _ = drive(
+        pol,
+        4500,
+        1,
+        _TP1,
+        _TS1,
+        lambda i: _accept(alpha(i)),
+        resync=0.004,
+        p1=lambda i: alpha(i) - 0.15,
+    )
+    assert share(modes[1000:3000], Mode.SPEC) > 0.95
+    moved = steps_to(modes, Mode.PLAIN, 3000)
+    assert moved is not None and moved <= 60, moved
+
+
+# -- close calls ---------------------------------------------------------------------
 
 
 def noisy_close_call(spec_gain, seed):
-    """Step times with +-12% lognormal noise, noisy accept lengths, a quarter
-    of the intervals unknown; SPEC's expected rate is 1 + spec_gain times
-    PLAIN's."""
-    import random
-
+    """Step times with +-12% lognormal noise, noisy accept lengths; SPEC's
+    expected rate is 1 + spec_gain times PLAIN's."""
     rng = random.Random(seed)
     noise = [math.exp(rng.gauss(0.0, 0.12)) for _ in range(1 << 15)]
     accs = [max(1.0, min(4.0, rng.gauss(2.2, 0.27))) for _ in range(1 << 15)]
@@ -257,177 +397,58 @@ def noisy_close_call(spec_gain, seed):
     )
 
 
-@pytest.mark.parametrize("spec_gain", [0.05, -0.05])
-@pytest.mark.parametrize("initial", ["spec", "plain"])
-def test_close_call_converges_to_the_better_mode_from_either_start(spec_gain, initial):
-    tp, ts, acc = noisy_close_call(spec_gain, seed=7)
-    pol = Goodput(initial_mode=initial)
-    modes = drive(pol, 16000, 16, tp, ts, acc, resync=0.002, none_every=4)
-    want = Mode.SPEC if spec_gain > 0 else Mode.PLAIN
-    assert share(modes, want, last=6000) > 0.85
-    assert pol.switches <= 6  # no flapping
-
-
-def test_no_lock_in_after_a_noisy_start():
-    # the old rule left SPEC on one noisy estimate below zero and needed a
-    # 5% gain to come back: a true gain of 3% must bring it back
-    tp, ts, acc = noisy_close_call(0.03, seed=11)
-    pol = Goodput(initial_mode="plain")
-    modes = drive(pol, 16000, 16, tp, ts, acc, resync=0.002, none_every=4)
-    assert share(modes, Mode.SPEC, last=8000) > 0.85
-
-
-def settled_at(modes, want, window=1000, every=100):
-    """First step (a multiple of ``every``) from which ``want`` runs at least
-    90% of the next ``window`` steps; None if never."""
-    for i in range(0, len(modes) - window + 1, every):
-        if share(modes[i : i + window], want) > 0.9:
-            return i
-    return None
-
-
 @pytest.mark.parametrize("spec_gain", [0.03, -0.03])
-def test_close_call_from_the_wrong_start_settles_in_hundreds_of_steps(spec_gain):
-    # 3% apart, 12% step-time noise: telling the two apart takes ~100 paired
-    # samples. Paid from the 3% exploration budget alone that is thousands of
-    # steps in the slower mode (up to 11,000 seen over these seeds); probes
-    # of the mode the evidence already puts ahead are not charged to it, so
-    # every seed settles within 3,000 steps
+@pytest.mark.parametrize("initial", ["spec", "plain"])
+def test_close_call_settles_in_the_better_mode_from_either_start(spec_gain, initial):
+    # 3% apart with 12% noise, a quarter of the intervals unknown: the
+    # better mode runs 85% of the second half on every seed, and the policy
+    # does not flap. Always the wrong mode fails the share; flipping on
+    # noise fails the switch count
     want = Mode.SPEC if spec_gain > 0 else Mode.PLAIN
-    wrong = "plain" if spec_gain > 0 else "spec"
-    settled = []
-    leading = []
-    for seed in range(10):
-        tp, ts, acc = noisy_close_call(spec_gain, seed=seed)
-        pol = Goodput(initial_mode=wrong)
-        steps = 12000
-        modes = drive(pol, steps, 16, tp, ts, acc, resync=0.002, none_every=4)
-        settled.append(settled_at(modes, want))
-        # the budget still binds the probes it is charged for; the status
-        # tells the others apart
-        est = pol.estimates()
-        charged = est["explored_share"] - est["leading_probe_share"]
-        slack = (2 * pol.probe_steps + 4 * pol.probe_steps) / steps
-        assert charged <= pol.max_explore_share + slack, (seed, est)
-        leading.append(est["leading_probe_share"])
-    assert None not in settled, settled
-    assert max(settled) <= 3000, settled
-    assert max(leading) > 0.0, leading
+    for seed in range(3):
+        tp, ts, acc = noisy_close_call(spec_gain, seed)
+        pol = Goodput(initial_mode=initial)
+        modes, _ = drive(pol, 12000, 16, tp, ts, acc, resync=0.002, none_every=4)
+        assert share(modes, want, last=6000) > 0.85, seed
+        assert pol.switches <= 30, (seed, pol.switches)
 
 
-def test_a_batch_at_a_bucket_edge_does_not_flap():
+def test_a_batch_between_two_sizes_does_not_flap():
     # PLAIN 3% ahead; the batch sits at 31 and is 32 on one step in seven
-    # (batch buckets 24-31 and 32-47). The rare bucket's probes were paired
-    # with a PLAIN EMA that PLAIN had not refreshed there for thousands of
-    # steps: its error, shared by every pair, put SPEC 5-8% ahead there, and
-    # the policy switched at every crossing (over 1,000 switches in one seed
-    # of these ten, 33 in another)
-    import random
-
-    for seed in range(10):
+    for seed in range(3):
         tp, ts, acc = noisy_close_call(-0.03, seed=seed)
         rng = random.Random(seed)
         sizes = [32 if rng.random() < 0.15 else 31 for _ in range(12000)]
         pol = Goodput()
-        modes = drive(
+        modes, _ = drive(
             pol, 12000, sizes.__getitem__, tp, ts, acc, resync=0.002, none_every=4
         )
-        assert pol.switches <= 5, (seed, pol.switches)
+        # flipping with the batch would be ~3,600 switches
+        assert pol.switches <= 60, (seed, pol.switches)
         assert share(modes, Mode.PLAIN, last=8000) > 0.9, seed
 
 
-def test_probe_acceptance_reopens_a_clear_bucket_only_if_it_could_flip_it():
-    # PLAIN is clearly ahead (SPEC: 2 tokens in 30 ms, PLAIN: 1 in 10 ms).
-    # Recent probes' acceptance 2-4 standard errors off the estimate makes a
-    # bucket unclear (re-probed at once, longer) only when the decision would
-    # not stand with it: 2.2 leaves PLAIN ahead, 3.5 puts SPEC ahead
+# -- estimates, determinism ---------------------------------------------------------
+
+
+def test_none_intervals_are_ignored_for_timing():
     pol = Goodput()
-    drive(pol, 6000, 2, 0.010, 0.030, 2.0, resync=0.003)
-    idx = batch_bucket(2)  # context bucket 0 (1000 tokens per request)
-    assert pol._home is Mode.PLAIN and pol._clear[idx]
-    assert pol._stands(idx, 2.2)
-    assert not pol._stands(idx, 3.5)
-    assert not pol._stands(batch_bucket(64), 2.0)  # no paired evidence there
+    drive(pol, 3000, 4, 0.011, 0.030, 2.2, none_every=2)
+    est = pol.estimates()
+    assert est["plain_step_s_at_mean_batch"] == pytest.approx(0.011)
+    assert est["accept_length"] == pytest.approx(2.2, rel=0.05)
 
 
-class _UncachedGoodput(Goodput):
-    """Goodput without its shortcuts: the paired test runs on every step (its
-    cached verdict never holds) and every bucket is re-checked for warmth."""
-
-    __slots__ = ()
-
-    def decide(self, view):
-        self._vgen += 1
-        self._warm[:] = [False] * len(self._warm)
-        return super().decide(view)
-
-
-def _close_call_moving(seed):
-    """A close call with noise, batch sizes moving across buckets,
-    acceptance dropping, then rising again, and the resync changing."""
-    tp, ts, _ = noisy_close_call(0.02, seed=seed)
-
-    def acc(i):
-        return 2.2 if i < 5000 or i >= 9000 else 1.7
-
-    def batch(i):
-        return 4 + (i // 50) % 60
-
-    def resync(i):  # the draft's catch-up gets dearer, then cheaper
-        return 0.002 if i < 3000 else 0.03 if i < 7000 else 0.0005
-
-    return batch, tp, ts, acc, resync
-
-
-def _crossover_back_and_forth(seed):
-    """SPEC clearly ahead at batch 2, PLAIN at batch 128, the batch moving
-    between the two every 40 + seed steps: the home mode switches in one
-    bucket and must be re-tested in the other."""
-
-    def batch(i):
-        return 2 if (i // (40 + seed)) % 2 == 0 else 128
-
-    def t_spec(i):
-        return 0.009 + 0.0008 * batch(i)
-
-    def t_plain(i):
-        return 0.006 + 0.0001 * batch(i)
-
-    return batch, t_plain, t_spec, 3.0, 0.002
-
-
-class _WatchedGoodput(Goodput):
-    """Goodput counting the steps whose bucket's cached verdict is current."""
-
-    __slots__ = ("verdict_current",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.verdict_current = 0
-
-    def decide(self, view):
-        b = view.batch_size
-        idx = _bucket_index(b, view.seq_len_sum // b)
-        self.verdict_current += self._vseen[idx] == self._vgen
-        return super().decide(view)
-
-
-@pytest.mark.parametrize("scenario", [_close_call_moving, _crossover_back_and_forth])
-@pytest.mark.parametrize("seed", [1, 2])
-def test_shortcuts_do_not_change_decisions(scenario, seed):
-    # decide skips the paired test while none of its inputs changed, and
-    # the cold-bucket check once a bucket is warm: decisions must be the
-    # same, step for step, as without those shortcuts
-    batch, tp, ts, acc, resync = scenario(seed)
-    cached = _WatchedGoodput()
-    modes = drive(cached, 12000, batch, tp, ts, acc, resync=resync, none_every=4)
-    uncached = _UncachedGoodput()
-    assert (
-        drive(uncached, 12000, batch, tp, ts, acc, resync=resync, none_every=4) == modes
+def test_deterministic_given_inputs():
+    args = (
+        5000,
+        lambda i: 1 + (i * 37) % 200,
+        0.01,
+        lambda i: 0.02 + (i % 7) * 1e-3,
+        2.5,
     )
-    assert cached.switches == uncached.switches > 0
-    # the shortcut was there to take on many steps
-    assert cached.verdict_current > 1000, cached.verdict_current
+    a = drive(Goodput(), *args, p1=0.7)
+    assert drive(Goodput(), *args, p1=0.7) == a
 
 
 def test_estimates_contract_and_predicted_plain_rate():
@@ -437,21 +458,46 @@ def test_estimates_contract_and_predicted_plain_rate():
     assert all(isinstance(v, float) for v in est.values())
     view = StepView(batch_size=8, step=0, seq_len_sum=8000)
     assert pol.predicted_plain_rate(view) is None  # nothing measured yet
-    drive(pol, 3000, 8, 0.010, 0.030, 2.2, resync=0.004)
+    drive(pol, 3000, lambda i: 8 + i % 3, 0.010, 0.030, 2.2, resync=0.004)
     est = pol.estimates()
-    assert {"accept_length", "resync_rel", "explored_share"} <= set(est)
-    assert est["plain_tok_s"] == pytest.approx(8 / 0.010, rel=0.01)
+    assert {"accept_length", "resync_rel", "explored_share", "switches"} <= set(est)
     assert all(isinstance(v, float) for v in est.values())
-    rate = pol.predicted_plain_rate(view.update(batch_size=8, step=1, seq_len_sum=8000))
+    assert est["resync_rel"] == pytest.approx(0.004 / 0.030, rel=0.1)
+    rate = pol.predicted_plain_rate(view.update(batch_size=8, step=1, seq_len_sum=0))
     assert rate == pytest.approx(800.0, rel=0.01)
-    # a neighbouring batch bucket stands in; far away: None
-    assert pol.predicted_plain_rate(
-        view.update(batch_size=10, step=2, seq_len_sum=10000)
-    ) == pytest.approx(10 / 0.010, rel=0.01)
-    far = view.update(batch_size=200, step=3, seq_len_sum=None)
-    assert pol.predicted_plain_rate(far) is None
     assert pol.predicted_plain_rate(object()) is None  # never raises
 
     from eagle_gate.runtime import policy_estimates
 
     assert policy_estimates(pol) == est
+
+
+def test_module_fits_on_a_page_and_names_its_constants():
+    # #23: readable in one sitting (the old module: 732 lines of code in
+    # 1,079), no setting hard-coded (the old one hard-coded 19 = 2/alpha - 1)
+    import ast
+    import io
+    import tokenize
+
+    import eagle_gate.goodput as mod
+
+    src = Path(mod.__file__).read_text()
+    docs = set()
+    for node in ast.walk(ast.parse(src)):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
+            docs.update(range(body[0].lineno, body[0].end_lineno + 1))
+    code = set()
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT}
+    for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+        if tok.type not in skip | {tokenize.DEDENT, tokenize.ENDMARKER}:
+            code.update(range(tok.start[0], tok.end[0] + 1))
+    assert len(code - docs) < 420, len(code - docs)
+    init = src.split("def __init__")[1].split("def decide")[0]
+    assert "self.ema_alpha" not in init  # read nowhere: deprecated
+    assert "sglang" not in src and "import torch" not in src

@@ -53,6 +53,10 @@ def test_bytecode_count_is_exact_and_sees_the_policy(stream):
     assert 0 < always < 10
     assert goodput > 20 * always
     assert sys.gettrace() is None  # tracing is switched off again
+    # the figure docs/goodput.md quotes (about 520 per step on CPython
+    # 3.11, eager PLAIN outcomes included): a dearer hot path fails here
+    if sys.version_info[:2] == (3, 11):
+        assert goodput < 560, goodput
 
 
 def test_bench_policy_overhead_prints_every_policy():
@@ -73,6 +77,18 @@ def test_steps_to_move_moves_in_every_case():
     ]
     assert len(rows) == 4, out
     assert "never" not in out, out
+
+
+def test_sim_seeds_suite_prints_every_row_of_the_policy_suite():
+    out = _run("sim_seeds.py", "--suite", "--seeds", "1", "--quick")
+    for row in ("acc-down b1", "acc-up b8", "close-plain-3 b4", "jitter", "ramp"):
+        assert f"| {row}" in out, out
+    assert "mean over rows:" in out
+
+
+def test_steps_to_move_without_draft_matches():
+    out = _run("steps_to_move.py", "--seeds", "1", "--sync", "none")
+    assert "draft_matches False" in out and "| acceptance up" in out
 
 
 def test_sim_seeds_reports_every_close_call_row():

@@ -8,7 +8,13 @@ real contract, like the server does:
 * one :class:`~eagle_gate.policy.StepView` is reused; before every decode batch
   the simulator calls ``view.update(...)`` and ``policy.decide(view)``;
 * the outcome of step N is handed to ``policy.observe`` only after
-  ``decide`` for step N+1 (overlap scheduling: results arrive one step late);
+  ``decide`` for step N+1 (overlap scheduling: results arrive one step late),
+  or, with ``Scenario.max_delay = 2``, after ``decide`` for step N+1 or N+2
+  (drawn per step, order kept: a full pipeline);
+* PLAIN outcomes carry ``draft_matches`` under eager draft sync
+  (``Scenario.draft_sync``): per request a Bernoulli draw with the request's
+  first-position acceptance (the same draw a SPEC step would have used for
+  its first draft token, so common random numbers hold);
 * ``interval_s`` is the simulated duration of the step, or ``None`` when a
   prefill batch ran (or the server idled) since the previous decode step.
 
@@ -70,6 +76,12 @@ class Scenario:
     #: share of decode intervals reported as unknown (``interval_s=None``) on
     #: top of those after prefills: adapters that cannot time every step.
     unknown_share: float = 0.0
+    #: outcomes arrive 1..max_delay steps after their decision (1 or 2 as in
+    #: serving with overlap scheduling; order kept).
+    max_delay: int = 1
+    #: the gate's draft sync: "eager" PLAIN outcomes carry ``draft_matches``;
+    #: "lazy" and "none" do not (None).
+    draft_sync: str = "eager"
 
     @property
     def duration_s(self) -> float:
@@ -93,6 +105,9 @@ class SimResult:
     busy_s: float  # sum of all step, prefill and idle durations
     explored_share: float | None = None
     switches: int | None = None
+    #: seconds of decode steps whose mode was not the policy's ``home`` (its
+    #: chosen mode, probes aside), for policies that expose one; else None.
+    explored_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -361,7 +376,13 @@ class Simulator:
         view = StepView(num_draft_tokens=prof.num_draft_tokens)
         lazy_lens = _LazySeqLens(self)
         lengths = self.cpu_seq_lens
-        pending: StepOutcome | None = None
+        pending: deque[tuple[int, StepOutcome]] = deque()
+        max_delay = max(1, int(scen.max_delay))
+        delay_rng = random.Random(scen.seed * 7_717 + 29)
+        last_release = 0
+        eager = scen.draft_sync == "eager"
+        has_home = hasattr(policy, "home")
+        explored_s = 0.0
         prev_decode = False  # was the previous resolution a decode step
         step = 0
         spec_steps = 0
@@ -463,11 +484,12 @@ class Simulator:
             if rec is not None:
                 rec.append(("decide", step))
             mode = policy.decide(view)
-            if pending is not None:
+            off_home = has_home and mode != policy.home
+            while pending and pending[0][0] <= step:
+                out = pending.popleft()[1]
                 if rec is not None:
-                    rec.append(("observe", pending.step))
-                policy.observe(pending)
-                pending = None
+                    rec.append(("observe", out.step))
+                policy.observe(out)
             if mode is not _PLAIN and mode is not _SPEC:
                 mode = _SPEC if mode == 0 else _PLAIN
             kv = self._kv
@@ -498,9 +520,15 @@ class Simulator:
                 dur = prof.plain_time(b, kv)
                 self._plain_run += 1
                 # the step's acceptance draws are used up either way (the
-                # oracle peeks at them; common random numbers across policies)
-                self._ptr = (self._ptr + b) & _MASK
+                # oracle peeks at them; common random numbers across policies);
+                # under eager sync the draft proposed the next token, and it
+                # matches exactly when the first draft would have been accepted
+                p = self._ptr
+                self._ptr = (p + b) & _MASK
+                matches = 0
                 for i in range(b):
+                    if eager:
+                        matches += run_pool[i][(p + i) & _MASK] > 0
                     r = run_rem[i] - 1
                     run_rem[i] = r
                     if r == 0:
@@ -509,6 +537,8 @@ class Simulator:
                 tot = b
             dur *= noise[nptr & _MASK]
             nptr += 1
+            if off_home:
+                explored_s += dur
             clock += dur
             busy += dur
             self._kv = kv + tot
@@ -520,13 +550,23 @@ class Simulator:
                 for i, a in enumerate(accl):
                     r_emitted[run_id[i]] += a
             known = prev_decode and (unknown is None or not unknown[step & _MASK])
-            pending = StepOutcome(
-                mode=mode,
-                batch_size=b,
-                tokens=tot,
-                accept_lens=accl,
-                interval_s=dur if known else None,
-                step=step,
+            release = step + (1 if max_delay == 1 else delay_rng.randint(1, max_delay))
+            if release < last_release:
+                release = last_release  # in order, as the scheduler resolves
+            last_release = release
+            pending.append(
+                (
+                    release,
+                    StepOutcome(
+                        mode=mode,
+                        batch_size=b,
+                        tokens=tot,
+                        accept_lens=accl,
+                        interval_s=dur if known else None,
+                        step=step,
+                        draft_matches=(matches if eager and mode is _PLAIN else None),
+                    ),
+                )
             )
             prev_decode = True
             step += 1
@@ -550,10 +590,10 @@ class Simulator:
                     run_rem.pop()
                     run_pool.pop()
                     run_base.pop()
-        if pending is not None:
+        for _, out in pending:
             if rec is not None:
-                rec.append(("observe", pending.step))
-            policy.observe(pending)
+                rec.append(("observe", out.step))
+            policy.observe(out)
 
         # TPOT of requests that arrived in the run and finished in the window
         tp_sum = 0.0
@@ -585,6 +625,7 @@ class Simulator:
             busy_s=busy,
             explored_share=getattr(policy, "explored_share", None),
             switches=getattr(policy, "switches", None),
+            explored_s=explored_s if has_home else None,
         )
 
     # -- accounting views for tests ---------------------------------------------------

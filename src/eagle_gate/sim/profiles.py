@@ -62,6 +62,8 @@ __all__ = [
     "BUILTIN_PROFILES",
     "CLOSE_PROFILES",
     "close_call_profile",
+    "drift_profile",
+    "crossover_profile",
     "load_profile_file",
     "get_profile",
 ]
@@ -351,6 +353,60 @@ def close_call_profile(gain: float) -> Profile:
         client_gap_s=0.3,
         prompt_len=(200, 1200),
         output_len=(100, 400),
+        classes={"code": alpha, "chat": 0.4},
+        default_class="code",
+    )
+
+
+def drift_profile(ratio: float = 2.58) -> Profile:
+    """Acceptance drift: a SPEC step takes ``ratio`` PLAIN steps at every
+    batch size (the seed profile's ratio at batch 1, on its PLAIN table), and
+    requests come in two classes, ``hi`` (alpha 0.85: SPEC about 23% ahead)
+    and ``lo`` (alpha 0.45: PLAIN about 31% ahead). A workload drifts by
+    moving its class mix (:func:`eagle_gate.sim.workloads.policy_suite`)."""
+    plain = SEED_PCIE_TP8.plain_table
+    return dataclasses.replace(
+        SEED_PCIE_TP8,
+        name="drift",
+        description=(
+            f"SPEC step = {ratio} PLAIN steps at every batch; acceptance 0.85 "
+            "(SPEC ahead) or 0.45 (PLAIN ahead)"
+        ),
+        spec_table=tuple((b, t * ratio) for b, t in plain),
+        classes={"hi": 0.85, "lo": 0.45},
+        default_class="hi",
+    )
+
+
+def crossover_profile(crossover: float = 16.0, steep: float = 0.25) -> Profile:
+    """A crossover in batch size: SPEC's step time over PLAIN's grows like
+    ``(b / crossover) ** steep`` times the mean accept length, so SPEC wins
+    below ``crossover`` requests and PLAIN above (about 9% apart at +-40% of
+    it). Clients pause about as long as a request decodes, and outputs are
+    short, so the batch moves from step to step (binomial in the clients)."""
+    alpha = 0.7
+    s = 3
+    acc = sum(alpha**j for j in range(s + 1))
+    batches = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
+    plain = tuple((b, 0.008 + 0.00012 * b) for b in batches)
+    spec = tuple((b, t * acc * (b / crossover) ** steep) for b, t in plain)
+    return Profile(
+        name=f"crossover-{crossover:g}",
+        description=f"SPEC wins below batch {crossover:g}, PLAIN above",
+        num_draft_tokens=s + 1,
+        plain_table=plain,
+        spec_table=spec,
+        per_kv=0.0,
+        resync_fixed=0.002,
+        catchup_per_tok=0.000002,
+        catchup_cap=64,
+        prefill_fixed=0.008,
+        prefill_per_tok=0.000005,
+        max_running=256,
+        noise=0.05,
+        client_gap_s=1.0,
+        prompt_len=(200, 1200),
+        output_len=(50, 150),
         classes={"code": alpha, "chat": 0.4},
         default_class="code",
     )

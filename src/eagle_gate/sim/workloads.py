@@ -3,8 +3,15 @@ close calls."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from eagle_gate.sim.engine import Scenario, Segment
-from eagle_gate.sim.profiles import Profile
+from eagle_gate.sim.profiles import (
+    Profile,
+    close_call_profile,
+    crossover_profile,
+    drift_profile,
+)
 
 __all__ = [
     "GRID",
@@ -14,6 +21,8 @@ __all__ = [
     "mix_scenarios",
     "open_ramp_scenario",
     "close_scenarios",
+    "policy_suite",
+    "SuiteRow",
 ]
 
 #: closed-loop concurrencies of the grid (those of seed-pcie-tp8.json).
@@ -174,3 +183,85 @@ def close_scenarios(
         )
     )
     return out
+
+
+#: a row of the policy suite: (name, profile, seed -> scenario)
+SuiteRow = tuple[str, Profile, Callable[[int], Scenario]]
+#: outcomes of the suite arrive 1-2 steps late, as in serving.
+SUITE_DELAY = 2
+#: the suite's load ramp through the crossover profile's crossover.
+SUITE_RAMP: tuple[int, ...] = (4, 8, 16, 24, 32, 48, 64, 48, 32, 24, 16, 8, 4)
+
+
+def policy_suite(quick: bool = False) -> list[SuiteRow]:
+    """The rows issue #23 judges a policy on: acceptance drift down and up at
+    batch 1 and 8; a close call each way (3%) at batch 1, 4 and 8; batch
+    jitter (about +-40% around the crossover, from clients that pause) with a
+    quarter of the intervals unknown; a load ramp through the crossover.
+    Outcomes arrive 1-2 steps late. Each row builds its scenario from a seed,
+    so a row runs over as many seeds as wanted."""
+    steps = 2500 if quick else 6000
+    drift = drift_profile()
+    hi, lo = {"hi": 1.0}, {"lo": 1.0}
+    rows: list[SuiteRow] = []
+
+    def drift_row(c: int, first: dict, second: dict, off: int) -> Callable:
+        dur = steps / 2 * _step_time(drift, c)
+        segs = (Segment(dur, c, first), Segment(dur, c, second))
+        return lambda seed: Scenario(
+            name=f"drift-c{c}",
+            segments=segs,
+            seed=seed + off,
+            max_delay=SUITE_DELAY,
+        )
+
+    for c in (1, 8):
+        rows.append((f"acc-down b{c}", drift, drift_row(c, hi, lo, 5000 + c)))
+        rows.append((f"acc-up b{c}", drift, drift_row(c, lo, hi, 5100 + c)))
+    for gain in (0.03, -0.03):
+        prof = close_call_profile(gain)
+        for c in (1, 4, 8):
+            dur = steps * _step_time(prof, c)
+
+            def make(seed: int, dur=dur, c=c, off=5200 + c + (gain > 0) * 50):
+                return Scenario(
+                    name=f"close-c{c}",
+                    segments=(Segment(dur, c),),
+                    warmup_s=0.05 * dur,
+                    seed=seed + off,
+                    unknown_share=CLOSE_UNKNOWN_SHARE,
+                    max_delay=SUITE_DELAY,
+                )
+
+            rows.append((f"{prof.name} b{c}", prof, make))
+    cross = crossover_profile()
+    dur = steps * _step_time(cross, 32)
+    rows.append(
+        (
+            "jitter b~16",
+            cross,
+            lambda seed: Scenario(
+                name="jitter",
+                segments=(Segment(dur, 32),),
+                warmup_s=0.05 * dur,
+                seed=seed + 5300,
+                unknown_share=CLOSE_UNKNOWN_SHARE,
+                max_delay=SUITE_DELAY,
+            ),
+        )
+    )
+    per = steps // len(SUITE_RAMP)
+    ramp = tuple(Segment(per * _step_time(cross, c), c) for c in SUITE_RAMP)
+    rows.append(
+        (
+            "ramp b2..32",
+            cross,
+            lambda seed: Scenario(
+                name="ramp-crossover",
+                segments=ramp,
+                seed=seed + 5400,
+                max_delay=SUITE_DELAY,
+            ),
+        )
+    )
+    return rows
