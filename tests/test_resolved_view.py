@@ -283,3 +283,19 @@ def test_check_server_args_is_check_spec_of_the_resolved_record(llama):
 def test_unsupported_algorithms_are_refused_after_resolution():
     with pytest.raises(adapters.GateRefused, match="NGRAM .* is not handled"):
         ADAPTER.check_spec(ResolvedSpec("NGRAM", 3, 1, 4), ENV)
+
+
+def test_the_status_view_carries_the_resolved_setup_when_schedulers_agree(
+    tmp_path,
+):
+    from eagle_gate.status import aggregate
+
+    spec = ResolvedSpec("EAGLE3", 3, 1, 4, dp_size=2)
+    shown = {**spec.as_dict(), "describe": spec.describe()}
+    records = [
+        {"pid": 1, "alive": True, "dp_rank": 0, "speculative": shown},
+        {"pid": 2, "alive": True, "dp_rank": 1, "speculative": dict(shown)},
+    ]
+    assert aggregate(tmp_path, records, now=0.0)["speculative"] == shown
+    records[1]["speculative"] = {**shown, "topk": 4}
+    assert aggregate(tmp_path, records, now=0.0)["speculative"] is None
