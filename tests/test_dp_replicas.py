@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+import sglang_env
 from support.gated_server import generate_many, status, with_pythonpath
 from support.server import free_port, running_server
 from support.spec_server import (
@@ -49,10 +50,12 @@ def test_two_dp_replicas_each_gate_their_batches(spec_models, test_plugins, tmp_
     ]
     args = spec_server_args(target, draft, port, launcher="gate", gate_args=gate_args)
     args += ["--dp-size", "2", "--load-balance-method", "round_robin"]
-    env = with_pythonpath(
-        spec_server_env(launcher="gate", EAGLE_GATE_OPS_INTERVAL_S="0.2"),
-        test_plugins,
-    )
+    extra = {"EAGLE_GATE_OPS_INTERVAL_S": "0.2"}
+    if sglang_env.version() == "0.5.23":
+        # 0.5.23 refuses more CPU ranks than NUMA nodes unless each rank gets
+        # its cores (one each on a 2-core machine)
+        extra["SGLANG_CPU_OMP_THREADS_BIND"] = "0|1"
+    env = with_pythonpath(spec_server_env(launcher="gate", **extra), test_plugins)
     with running_server(
         args, port, env, tmp_path / "gated.log", ready_timeout_s=500
     ) as srv:
