@@ -25,7 +25,25 @@ VERSION = adapters.installed_sglang_version()
 ADAPTER = adapters.select_adapter(VERSION)
 #: SGLang 0.5.23 and later: its own plugin loader, and eagle_gate registered in it.
 PLUGIN_LOADER = hasattr(ADAPTER, "load_sglang_plugins")
-SPEC = ["--model-path", "m", "--speculative-algorithm", "EAGLE3"]
+#: a config-only Llama checkpoint: doctor runs SGLang's own argument
+#: resolution, which reads the model's config (no weights).
+MODEL = tempfile.mkdtemp(prefix="eagle-gate-doctor-model-")
+Path(MODEL, "config.json").write_text(
+    json.dumps(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_hidden_layers": 2,
+            "vocab_size": 1000,
+        }
+    )
+)
+SPEC = ["--model-path", MODEL, "--device", "cpu", "--speculative-algorithm", "EAGLE3"]
+CHAIN = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1"]
 
 
 @pytest.fixture(autouse=True)
@@ -61,9 +79,13 @@ def failed(report: dict) -> dict[str, dict]:
 
 
 def test_a_healthy_install_is_all_ok(capsys):
-    code, report = doctor(capsys, "--", *SPEC, "--speculative-eagle-topk", "1")
+    code, report = doctor(capsys, "--", *SPEC, *CHAIN)
     assert code == 0, failed(report)
     checks = by_name(report)
+    # the resolved shape, as SGLang's own resolution leaves it
+    assert checks["speculative flags"]["detail"].startswith(
+        "gating EAGLE3, 3 steps, topk 1, 4 draft tokens"
+    )
     assert all(c["ok"] and c["fix"] == "" for c in report["checks"])
     assert checks["sglang"]["detail"] == (
         f"SGLang {VERSION}, served by adapter {ADAPTER.NAME}"
@@ -284,12 +306,17 @@ def test_a_status_directory_that_does_not_exist_yet_is_fine(capsys, tmp_path):
 @pytest.mark.parametrize(
     "flags, words",
     [
-        (["--enable-dp-attention"], DP_ATTENTION_REFUSAL),
-        (["--pp-size", "2"], PP_REFUSAL),
-        (["--speculative-eagle-topk", "4"], "--speculative-eagle-topk 1"),
-        (["--speculative-algorithm", "NGRAM"], "supported: EAGLE, EAGLE3"),
+        (
+            [*CHAIN, "--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"],
+            DP_ATTENTION_REFUSAL,
+        ),
+        ([*CHAIN, "--pp-size", "2"], PP_REFUSAL),
+        # no shape flags: SGLang's auto-chosen Llama tree (5 steps, topk 4)
+        ([], "--speculative-eagle-topk 1 --speculative-num-draft-tokens 6"),
+        ([*CHAIN, "--enable-multi-layer-eagle"], "multi-layer EAGLE"),
         pytest.param(
-            ["--speculative-use-rejection-sampling", "--gate-draft-sync", "lazy"],
+            [*CHAIN, "--speculative-use-rejection-sampling"]
+            + ["--gate-draft-sync", "lazy"],
             "with rejection sampling",
             marks=pytest.mark.skipif(not PLUGIN_LOADER, reason="0.5.23's refusal"),
         ),
@@ -297,11 +324,6 @@ def test_a_status_directory_that_does_not_exist_yet_is_fine(capsys, tmp_path):
             ["--speculative-adaptive"],
             "--speculative-adaptive",
             marks=pytest.mark.skipif(not PLUGIN_LOADER, reason="0.5.23's refusal"),
-        ),
-        pytest.param(
-            ["--disable-overlap-schedule"],
-            "drop --disable-overlap-schedule",
-            marks=pytest.mark.skipif(PLUGIN_LOADER, reason="0.5.9's refusal"),
         ),
     ],
 )
@@ -313,7 +335,29 @@ def test_a_refused_speculative_command_line(capsys, flags, words):
     assert list(failed(report)) == ["speculative flags"]
     check = failed(report)["speculative flags"]
     assert check["detail"].startswith("refused: ") and words in check["detail"]
+    assert "[resolved: EAGLE3, " in check["detail"]
     assert "change the SGLang command line" in check["fix"]
+
+
+def test_nextn_shows_as_the_eagle_sglang_runs(capsys):
+    code, report = doctor(
+        capsys, "--", *SPEC[:-1], "NEXTN", *CHAIN, "--speculative-num-draft-tokens", "4"
+    )
+    assert code == 0, failed(report)
+    detail = by_name(report)["speculative flags"]["detail"]
+    assert detail.startswith("gating EAGLE, 3 steps, topk 1, 4 draft tokens")
+    assert "--speculative-algorithm NEXTN runs as EAGLE" in detail
+
+
+def test_a_command_line_sglang_cannot_resolve(capsys, tmp_path):
+    """SGLang's own resolution stops (no config at the model path): the row
+    fails with SGLang's error, as the launch would stop before any model."""
+    missing = str(tmp_path / "none")
+    code, report = doctor(capsys, "--", "--model-path", missing, *SPEC[2:])
+    assert code == 1
+    check = failed(report)["speculative flags"]
+    assert check["detail"].startswith("SGLang's resolution failed: ")
+    assert "the launch would stop there too" in check["fix"]
 
 
 @pytest.mark.skipif(not PLUGIN_LOADER, reason="SGLang 0.5.23's plugin group")
@@ -336,7 +380,7 @@ def test_the_console_script(tmp_path):
     env["EAGLE_GATE_SET"] = "plain_above=lots"
     env["EAGLE_GATE_POLICY"] = "threshold"
     out = subprocess.run(
-        [str(script), "doctor", "--", *SPEC, "--enable-dp-attention"],
+        [str(script), "doctor", "--", *SPEC, *CHAIN, "--pp-size", "2"],
         env=env,
         capture_output=True,
         text=True,

@@ -159,17 +159,26 @@ def test_unknown_policy_lists_the_available_ones(tmp_path):
 
 
 def test_unhandled_speculative_algorithm_is_refused_at_launch(tiny_model):
+    """Judged as SGLang resolves it (#22): STANDALONE stays STANDALONE."""
     out, _ = run_launch(
-        gate_server_args(tiny_model, free_port()) + ["--speculative-algorithm", "NGRAM"]
+        gate_server_args(tiny_model, free_port())
+        + ["--speculative-algorithm", "STANDALONE"]
+        + ["--speculative-draft-model-path", str(tiny_model)]
     )
     assert out.returncode != 0
-    assert "NGRAM is not handled by eagle_gate" in out.stderr + out.stdout
+    assert (
+        "--speculative-algorithm STANDALONE (as SGLang resolves it) is not handled "
+        "by eagle_gate" in out.stderr + out.stdout
+    )
 
 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--enable-dp-attention", "--dp-size", "2"], "data-parallel attention"),
+        (
+            ["--enable-dp-attention", "--dp-size", "2", "--tp-size", "2"],
+            "data-parallel attention",
+        ),
         (["--pp-size", "2"], "pipeline parallelism"),
         pytest.param(
             ["--speculative-use-rejection-sampling", "--gate-draft-sync", "lazy"],
@@ -182,18 +191,21 @@ def test_unhandled_speculative_algorithm_is_refused_at_launch(tiny_model):
     ],
 )
 def test_layouts_the_gate_cannot_serve_are_refused_before_the_model_loads(
-    tmp_path, flags, message
+    tiny_model, flags, message
 ):
-    missing_model = tmp_path / "no-model-here"
+    """Judged on SGLang's own argument resolution (#22), which reads the
+    model's config; refused before any scheduler starts or weights load."""
     out, _ = run_launch(
-        GATE_LAUNCH
-        + ["--model-path", str(missing_model), "--speculative-algorithm", "EAGLE3"]
-        + ["--speculative-eagle-topk", "1"]
+        gate_server_args(tiny_model, free_port())
+        + ["--speculative-algorithm", "EAGLE3"]
+        + ["--speculative-draft-model-path", str(tiny_model)]
+        + ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1"]
         + flags
     )
     assert out.returncode == 2, out.stderr[-2000:]
     assert message in out.stderr
-    assert "no-model-here" not in out.stderr  # SGLang never looked at the model
+    assert "eagle_gate active in scheduler" not in out.stderr + out.stdout
+    assert "Load weight" not in out.stderr + out.stdout
 
 
 @pytest.mark.skipif(

@@ -120,27 +120,29 @@ def test_a_patch_that_cannot_apply_stops_instrumentation():
 
 
 @pytest.mark.parametrize(
-    ("flags", "message"),
+    ("fields", "message"),
     [
-        ({"speculative_algorithm": "NGRAM"}, "NGRAM is not handled"),
-        ({"enable_multi_layer_eagle": True}, "--enable-multi-layer-eagle"),
-        ({"speculative_eagle_topk": 4}, "--speculative-eagle-topk 4"),
+        ({"algorithm": "NGRAM"}, "NGRAM .*is not handled"),
+        ({"multi_layer": True}, "multi-layer EAGLE"),
+        ({"topk": 4, "num_draft_tokens": 8}, "--speculative-eagle-topk 1"),
     ],
 )
-def test_setups_no_version_handles_are_refused(adapter, flags, message):
-    import types
+def test_setups_no_version_handles_are_refused(adapter, fields, message):
+    """Judged on the resolved view (tests/test_resolved_view.py checks that
+    view against each version's own resolution)."""
+    from eagle_gate.adapters.resolved import ResolvedSpec
 
-    args = types.SimpleNamespace(**{"speculative_algorithm": "EAGLE3", **flags})
+    spec = ResolvedSpec(**{"algorithm": "EAGLE3", "num_steps": 3, "topk": 1, **fields})
     env = {"SGLANG_ENABLE_SPEC_V2": "1"}
     with pytest.raises(adapters.GateRefused, match=message):
-        adapter.check_server_args(args, environ=env)
-    ok = types.SimpleNamespace(speculative_algorithm="EAGLE3", speculative_eagle_topk=1)
-    assert adapter.check_server_args(ok, environ=env) == (True, "gating EAGLE3")
-    off = types.SimpleNamespace(speculative_algorithm=None)
-    assert adapter.check_server_args(off, environ=env)[0] is False
+        adapter.check_spec(spec, environ=env)
+    ok = ResolvedSpec("EAGLE3", 3, 1, 4)
+    gated, state = adapter.check_spec(ok, environ=env)
+    assert gated and state.startswith("gating EAGLE3, 3 steps, topk 1, 4 draft tokens")
+    assert adapter.check_spec(ResolvedSpec(None), environ=env)[0] is False
 
 
-#: 0.5.23 concepts: ``--attn-dp-size`` and rejection sampling do not exist in
+#: 0.5.23 concepts: adaptive speculation and rejection sampling do not exist in
 #: 0.5.9, whose adapter does not read them.
 ON_0_5_23_ONLY = pytest.mark.skipif(
     sglang_env.version() != "0.5.23", reason="an SGLang 0.5.23 setting"
@@ -148,31 +150,27 @@ ON_0_5_23_ONLY = pytest.mark.skipif(
 
 
 @pytest.mark.parametrize(
-    ("flags", "message"),
+    ("fields", "message"),
     [
-        ({"enable_dp_attention": True}, "data-parallel attention"),
-        pytest.param(
-            {"attn_dp_size": 2},
-            "data-parallel attention",
-            marks=ON_0_5_23_ONLY,
-        ),
+        ({"attn_dp_size": 2, "dp_size": 2}, "data-parallel attention"),
         ({"pp_size": 2}, "pipeline parallelism"),
     ],
 )
 def test_parallel_layouts_the_gate_cannot_coordinate_are_refused(
-    adapter, flags, message
+    adapter, fields, message
 ):
     """DP attention: a PLAIN rank would report ``bs`` tokens to the MLP sync
     while SPEC and idle ranks report ``bs * num_draft_tokens`` (a hang or
     mixed activations). PP: the earlier stages pre-build the verify input,
-    so the gate could only run SPEC; refused rather than idle."""
-    import types
+    so the gate could only run SPEC; refused rather than idle. DP replicas
+    without DP attention each gate their own batches."""
+    from eagle_gate.adapters.resolved import ResolvedSpec
 
-    args = types.SimpleNamespace(
-        speculative_algorithm="EAGLE3", speculative_eagle_topk=1, **flags
-    )
+    spec = ResolvedSpec("EAGLE3", 3, 1, 4, **fields)
     with pytest.raises(adapters.GateRefused, match=message):
-        adapter.check_server_args(args, environ={"SGLANG_ENABLE_SPEC_V2": "1"})
+        adapter.check_spec(spec, environ={"SGLANG_ENABLE_SPEC_V2": "1"})
+    replicas = ResolvedSpec("EAGLE3", 3, 1, 4, dp_size=2)
+    assert adapter.check_spec(replicas, environ={"SGLANG_ENABLE_SPEC_V2": "1"})[0]
 
 
 @ON_0_5_23_ONLY
@@ -181,17 +179,13 @@ def test_rejection_sampling_needs_eager_draft_sync(adapter, draft_sync):
     """With rejection sampling the next verify reads the draft distribution
     of the proposal; ``lazy`` and ``none`` leave it stale after a plain step.
     Refused with a message; ``eager`` (SGLang's own draft extend) is exact."""
-    import types
+    from eagle_gate.adapters.resolved import ResolvedSpec
 
-    args = types.SimpleNamespace(
-        speculative_algorithm="EAGLE3",
-        speculative_eagle_topk=1,
-        speculative_use_rejection_sampling=True,
-    )
+    spec = ResolvedSpec("EAGLE3", 3, 1, 4, rejection_sampling=True)
     env = {"SGLANG_ENABLE_SPEC_V2": "1"}
     with pytest.raises(adapters.GateRefused, match="draft_probs"):
-        adapter.check_server_args(args, environ=env, draft_sync=draft_sync)
-    assert adapter.check_server_args(args, environ=env, draft_sync="eager")[0]
+        adapter.check_spec(spec, environ=env, draft_sync=draft_sync)
+    assert adapter.check_spec(spec, environ=env, draft_sync="eager")[0]
 
 
 @ON_0_5_23_ONLY

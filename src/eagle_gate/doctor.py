@@ -13,10 +13,13 @@ would; that is why doctor calls the checks one by one instead). Like the
 launcher, it imports SGLang's patch-target modules and the policy plugins, and
 builds the configured policy once.
 
-What it cannot see: refusals that need SGLang's own resolved arguments or a
-built scheduler (0.5.23's rejection-sampling default on ROCm, lazy draft sync
-with attention backends that keep no CPU sequence lengths, the lazy buffer's
-memory bound) still come at launch.
+The speculative row runs SGLang's own argument resolution on the command line
+after ``--`` (as the launcher does before any model loads: it reads the
+model's config, loads no weights), judges what SGLang will run (NEXTN as
+EAGLE, the draft shape SGLang chooses itself, adaptive after SGLang's own
+switch-off) and shows that resolved setup. What it cannot see: refusals that
+need a built scheduler (lazy draft sync with attention backends that keep no
+CPU sequence lengths, the lazy buffer's memory bound) still come at launch.
 
     eagle-gate doctor [--json] [--gate-* flags] [-- SGLang server arguments]
 
@@ -438,32 +441,69 @@ def check_speculative_flags(
     draft_sync: str | None,
     env: Mapping[str, str],
 ) -> Check:
-    """The launcher's refusal check on the SGLang flags, before SGLang parses
-    them (as ``eagle_gate.launch.prepare`` does; nothing loads).
+    """The launcher's refusal check on the speculative setup SGLang resolves
+    from this command line (NEXTN as EAGLE, the shape SGLang chooses itself,
+    adaptive after its own switch-off), shown in the row's detail.
     ``draft_sync``: the plain step's draft sync, None when it has none."""
-    from eagle_gate.launch import speculative_flags
-
     name = "speculative flags"
     if sglang_argv is None:
         detail = "not checked: give the SGLang command line after --"
         return Check(name, True, detail)
-    flags = speculative_flags(sglang_argv)
     env = dict(env)
     note = ""
-    if adapter.NAME == "sglang-0.5.9" and flags.speculative_algorithm:
+    if adapter.NAME == "sglang-0.5.9" and "--speculative-algorithm" in sglang_argv:
         if env.get("SGLANG_ENABLE_SPEC_V2") != "1":
             env["SGLANG_ENABLE_SPEC_V2"] = "1"  # the launcher sets it too
             note = "; the launcher sets SGLANG_ENABLE_SPEC_V2=1"
     try:
-        _, state = adapter.check_server_args(flags, environ=env, draft_sync=draft_sync)
+        spec = resolve_speculative_setup(adapter, sglang_argv, env)
+    except Exception as exc:
+        fix = (
+            "correct the SGLang command line (SGLang's own argument resolution "
+            "stopped; the launch would stop there too, before loading a model); "
+            "doctor needs the model's config to be readable, as the launcher does"
+        )
+        detail = f"SGLang's resolution failed: {type(exc).__name__}: {exc}"
+        return Check(name, False, detail, fix=fix)
+    try:
+        _, state = adapter.check_spec(spec, environ=env, draft_sync=draft_sync)
     except adapters.GateRefused as exc:
         fix = (
             "change the SGLang command line as the refusal says, or serve this "
             "setup without eagle_gate; the launcher stops with the same message "
             "before loading a model"
         )
-        return Check(name, False, f"refused: {exc}", fix=fix)
+        detail = f"refused: {exc} [resolved: {spec.describe()}]"
+        return Check(name, False, detail, fix=fix)
     return Check(name, True, state + note)
+
+
+def resolve_speculative_setup(
+    adapter: ModuleType, sglang_argv: Sequence[str], env: Mapping[str, str]
+) -> Any:
+    """SGLang's own resolution of ``sglang_argv`` (the adapter's
+    ``resolve_argv``: reads the model's config, loads no weights), with
+    ``SGLANG_ENABLE_SPEC_V2`` as ``env`` has it (0.5.9 reads it while
+    resolving) and this process's environment and logging put back after."""
+    import logging
+
+    key = "SGLANG_ENABLE_SPEC_V2"
+    before = os.environ.get(key)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        if env.get(key) is not None:
+            os.environ[key] = env[key]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _, spec = adapter.resolve_argv(list(sglang_argv))
+        return spec
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+        root.handlers[:], root.level = handlers, level
 
 
 # -- the report ------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 Every argument of ``python -m sglang.launch_server`` passes through unchanged;
 the gate's own flags (``--gate-*``) are taken out first. The gate's settings are
 resolved and validated before SGLang parses its arguments or loads a model, so
-a bad setting costs nothing.
+a bad setting costs nothing. The speculative setup is judged after SGLang's own
+argument resolution (which reads the model's config) and before any model
+loads: the gate reads what SGLang will run, not the raw flags.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from eagle_gate import adapters
+from eagle_gate.adapters.resolved import requested_flags
 from eagle_gate.config import ENV_RESOLVED, ConfigError, GateConfig, resolve_config
 from eagle_gate.ops import check_environment
 from eagle_gate.statusdir import start_launch
@@ -134,26 +137,6 @@ def print_help(adapter_available: bool) -> None:
     parser.print_help()
 
 
-def speculative_flags(argv: Sequence[str]) -> argparse.Namespace:
-    """The few SGLang flags the gate must judge before SGLang parses anything
-    (SGLang's own parsing may already load the model config or fail on CPU)."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--speculative-algorithm")
-    parser.add_argument("--speculative-eagle-topk", type=int)
-    for flag in (
-        "--enable-multi-layer-eagle",
-        "--disable-overlap-schedule",
-        "--speculative-adaptive",
-        "--enable-dp-attention",
-        "--speculative-use-rejection-sampling",
-    ):
-        parser.add_argument(flag, action="store_true")
-    parser.add_argument("--attn-dp-size", type=int)
-    parser.add_argument("--pp-size", "--pipeline-parallel-size", type=int)
-    flags, _ = parser.parse_known_args(list(argv))
-    return flags
-
-
 def prepare(argv: Sequence[str], environ: dict | None = None):
     """Everything up to SGLang's own argument parsing: adapter, config, env.
 
@@ -187,7 +170,9 @@ def prepare(argv: Sequence[str], environ: dict | None = None):
         from eagle_gate.decision_log import ENV_DECISION_LOG
 
         env[ENV_DECISION_LOG] = os.path.abspath(gate_args.gate_decision_log)
-    flags = speculative_flags(rest)
+    # Not a judgement: 0.5.9 resolves its arguments (and chooses its worker)
+    # from this variable, so it must be set before SGLang parses anything.
+    flags = requested_flags(rest)
     if adapter.NAME == "sglang-0.5.9" and flags.speculative_algorithm:
         if env.get("SGLANG_ENABLE_SPEC_V2") != "1":
             logger.info(
@@ -199,11 +184,24 @@ def prepare(argv: Sequence[str], environ: dict | None = None):
     if plugins and "eagle_gate" not in [p.strip() for p in plugins.split(",")]:
         logger.info("eagle_gate: adding eagle_gate to SGLANG_PLUGINS=%s", plugins)
         env["SGLANG_PLUGINS"] = plugins + ",eagle_gate"
-    adapter.check_server_args(flags, environ=env, draft_sync=_draft_sync(config))
-    # Last, once nothing else can refuse: this launch's private status
+    # Last, once no gate setting can refuse: this launch's private status
     # directory, cleared of a previous run's files, exported to every process.
+    # The speculative setup is judged in run(), on SGLang's own resolution.
     start_launch(config.status_dir, env)
     return adapter, config, rest
+
+
+def check_resolved(
+    adapter, server_args, sglang_argv: Sequence[str], config: GateConfig
+) -> tuple[bool, str]:
+    """Judge the speculative setup as SGLang resolved it (NEXTN as EAGLE, the
+    shape SGLang chose itself, adaptive after SGLang's own switch-off), before
+    any model loads; the raw flags only say what SGLang changed. Raises
+    GateRefused."""
+    spec = adapter.resolve_spec(server_args, requested_flags(sglang_argv))
+    if spec.speculating:
+        logger.info("eagle_gate: SGLang resolved speculation: %s", spec.describe())
+    return adapter.check_spec(spec, draft_sync=_draft_sync(config))
 
 
 def _draft_sync(config: GateConfig) -> str | None:
@@ -246,9 +244,7 @@ def run(adapter, config: GateConfig, sglang_argv: list[str]) -> int:
 
     server_args = prepare_server_args(sglang_argv)
     try:
-        gated, state = adapter.check_server_args(
-            server_args, draft_sync=_draft_sync(config)
-        )
+        gated, state = check_resolved(adapter, server_args, sglang_argv, config)
     except adapters.GateRefused as exc:
         return _fail(str(exc))
     logger.info(

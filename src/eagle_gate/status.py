@@ -106,6 +106,15 @@ def _version(record: dict[str, Any]) -> int:
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
 
 
+def _speculative(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The speculative setup SGLang resolved (each record's ``speculative``),
+    server-wide when every live scheduler reports the same; None otherwise."""
+    if not records or not _agree(records, "speculative"):
+        return None
+    value = records[0].get("speculative")
+    return value if isinstance(value, dict) else None
+
+
 def aggregate(
     directory: StatusDir | str | os.PathLike[str],
     records: list[dict[str, Any]],
@@ -149,6 +158,7 @@ def aggregate(
     )
     return {
         "status_dir": str(directory),
+        "speculative": _speculative(live),
         "ok": ok and not degraded,
         "agreement": {**agreement, "all": all(agreement.values())},
         "degraded": degraded,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from eagle_gate.adapters import parallel
@@ -22,7 +22,13 @@ from eagle_gate.adapters.hooks import ACTIVE
 from eagle_gate.adapters.plain import capture
 from eagle_gate.adapters.plain.graphs import PlainGraphs
 from eagle_gate.adapters.plain.step import PlainStep
-from eagle_gate.adapters.refusals import GateRefused, check_lazy_buffer
+from eagle_gate.adapters.refusals import (
+    MULTI_LAYER_REFUSAL,
+    GateRefused,
+    check_lazy_buffer,
+    tree_refusal,
+)
+from eagle_gate.adapters.resolved import ResolvedSpec
 from eagle_gate.config import GateConfig, config_from_environment
 from eagle_gate.control import ControlAgreement, ControlFile
 from eagle_gate.counters import GateCounters
@@ -42,7 +48,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("eagle_gate")
 
-__all__ = ["ProcessInfo", "activate", "activate_scheduler"]
+__all__ = ["ProcessInfo", "activate", "activate_scheduler", "check_built_worker"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,25 @@ class ProcessInfo:
     #: tokens one SPEC step verifies per request (1 when not gated).
     num_draft_tokens: int
     speculative_algorithm: str | None
+    #: the speculative setup as SGLang resolved it (status: "speculative").
+    spec: ResolvedSpec | None = None
+
+
+def check_built_worker(worker: Any, spec: ResolvedSpec, worker_hint: str) -> None:
+    """Judge the draft worker SGLang actually built, beside the resolved view:
+    multi-layer EAGLE shows as ``MultiLayerEagleWorkerV2`` (not a subclass of
+    ``EAGLEWorkerV2``), a draft tree as the worker's ``topk``."""
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    if type(worker).__name__ == "MultiLayerEagleWorkerV2":
+        raise GateRefused(MULTI_LAYER_REFUSAL)
+    if not isinstance(worker, EAGLEWorkerV2):
+        raise GateRefused(
+            f"SGLang built {type(worker).__name__}, not EAGLEWorkerV2; {worker_hint}"
+        )
+    topk = getattr(worker, "topk", 1)
+    if isinstance(topk, int) and topk > 1:
+        raise GateRefused(tree_refusal(replace(spec, topk=topk)))
 
 
 def activate_scheduler(
@@ -75,18 +100,12 @@ def activate_scheduler(
     SGLang might have built another worker than EAGLEWorkerV2."""
     server_args = scheduler.server_args
     config = config or config_from_environment()
-    gated, state = adapter.check_server_args(
-        server_args, draft_sync=config.draft_sync if config.plain_step else None
+    spec = adapter.resolve_spec(server_args)
+    gated, state = adapter.check_spec(
+        spec, draft_sync=config.draft_sync if config.plain_step else None
     )
     if gated:
-        from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-
-        worker = getattr(scheduler, "draft_worker", None)
-        if not isinstance(worker, EAGLEWorkerV2):
-            raise GateRefused(
-                f"SGLang built {type(worker).__name__}, not EAGLEWorkerV2; "
-                f"{worker_hint}"
-            )
+        check_built_worker(getattr(scheduler, "draft_worker", None), spec, worker_hint)
         adapter.INSTRUMENTOR.require_applied()
         adapter.check_scheduler(scheduler, config)
     else:
@@ -113,7 +132,8 @@ def activate_scheduler(
         num_draft_tokens=(
             int(scheduler.draft_worker.speculative_num_draft_tokens) if gated else 1
         ),
-        speculative_algorithm=getattr(server_args, "speculative_algorithm", None),
+        speculative_algorithm=spec.algorithm,
+        spec=spec,
     )
     return activate(
         process,
@@ -189,6 +209,7 @@ def activate(
         "state": state,
         "dp_rank": process.dp_rank,
         "speculative_algorithm": process.speculative_algorithm,
+        "speculative": _spec_status(process),
         "plain_step": plain_mode,
         "draft_sync": config.draft_sync,
         "launch_id": launch.launch_id,
@@ -226,6 +247,14 @@ def activate(
         path,
     )
     return runtime
+
+
+def _spec_status(process: ProcessInfo) -> dict[str, Any] | None:
+    """The status record's ``speculative``: SGLang's resolved setup, with its
+    one-line description (None where activation had no server args)."""
+    if process.spec is None:
+        return None
+    return {**process.spec.as_dict(), "describe": process.spec.describe()}
 
 
 def _runtime_control(

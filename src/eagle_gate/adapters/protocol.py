@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from eagle_gate.adapters.patching import Instrumentor, PatchTarget
     from eagle_gate.adapters.plain.step import PlainStep, PlainStepParts
+    from eagle_gate.adapters.resolved import ResolvedSpec
     from eagle_gate.config import GateConfig
 
 __all__ = ["SGLangAdapter"]
@@ -83,6 +84,24 @@ class SGLangAdapter(Protocol):
 
     def _uninstrument(self) -> None: ...
 
+    def resolve_spec(self, server_args: Any, requested: Any = None) -> ResolvedSpec:
+        """The speculative setup as this version's own resolution leaves it."""
+        ...
+
+    def resolve_argv(self, argv: list[str]) -> tuple[Any, ResolvedSpec]:
+        """SGLang's ``prepare_server_args`` on ``argv``, and its resolved view."""
+        ...
+
+    def check_spec(
+        self,
+        spec: ResolvedSpec,
+        environ: dict | None = None,
+        *,
+        draft_sync: str | None = None,
+    ) -> tuple[bool, str]:
+        """``(gated, state)`` for this resolved setup, or GateRefused."""
+        ...
+
     def check_server_args(
         self,
         server_args: Any,
@@ -90,7 +109,7 @@ class SGLangAdapter(Protocol):
         *,
         draft_sync: str | None = None,
     ) -> tuple[bool, str]:
-        """``(gated, state)`` for this server's settings, or GateRefused."""
+        """:meth:`check_spec` of ``server_args``'s resolved view."""
         ...
 
     def check_scheduler(self, scheduler: Any, config: GateConfig) -> None:

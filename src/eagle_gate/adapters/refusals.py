@@ -12,6 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from eagle_gate.adapters.resolved import ResolvedSpec
 from eagle_gate.config import GateConfig
 
 logger = logging.getLogger("eagle_gate")
@@ -20,6 +21,8 @@ __all__ = [
     "GateRefused",
     "DP_ATTENTION_REFUSAL",
     "PP_REFUSAL",
+    "MULTI_LAYER_REFUSAL",
+    "tree_refusal",
     "check_speculation",
     "check_lazy_buffer",
     "lazy_buffer_bytes",
@@ -48,53 +51,77 @@ PP_REFUSAL = (
 )
 
 
+#: why multi-layer EAGLE is refused (both versions), from the resolved view
+#: or from the worker SGLang built.
+MULTI_LAYER_REFUSAL = (
+    "multi-layer EAGLE (--enable-multi-layer-eagle, which SGLang also turns on by "
+    "itself for some MTP models such as MiMo-V2 and Step-3.5) is not handled by "
+    "eagle_gate: SGLang runs it with MultiLayerEagleWorkerV2, whose draft keeps "
+    "one layer's state per step, and the gate's plain step keeps only "
+    "EAGLEWorkerV2's single draft layer in step. Launch this model without "
+    "eagle_gate"
+)
+
+
+def tree_refusal(spec: ResolvedSpec) -> str:
+    """Why a draft tree (topk > 1) is refused, and what to pass instead,
+    whichever way the topk was chosen (given, or SGLang's own choice)."""
+    steps = spec.num_steps or 3
+    how = (
+        "SGLang chose this shape itself because no --speculative-num-steps / "
+        "--speculative-eagle-topk / --speculative-num-draft-tokens were given"
+        if spec.shape_auto
+        else "as resolved from the command line"
+    )
+    return (
+        f"SGLang would run a draft tree ({spec.shape()}; {how}), and eagle_gate "
+        "gates chain drafts only (topk 1): its plain step hands the next verify "
+        "one draft token per request, and that a tree's draft state stays exact "
+        "across PLAIN stretches has not been measured. Pass "
+        f"--speculative-num-steps {steps} --speculative-eagle-topk 1 "
+        f"--speculative-num-draft-tokens {steps + 1}, or launch without eagle_gate"
+    )
+
+
 def check_speculation(
-    server_args: Any,
+    spec: ResolvedSpec,
     *,
-    extra_refusals: Sequence[tuple[str, str]] = (),
-    attn_dp_size: int = 1,
-    pp_size: int = 1,
-    rejection_sampling: bool = False,
+    extra_refusals: Sequence[tuple[bool, str]] = (),
     draft_sync: str | None = None,
 ) -> tuple[bool, str]:
-    """Decide what the gate does with this server's speculative settings.
+    """Decide what the gate does with the speculative setup SGLang resolved.
 
     Returns ``(gated, state)``. Raises GateRefused for speculative setups the
     gate does not handle in any SGLang version (other algorithms, multi-layer
-    EAGLE, a draft tree wider than topk 1, data-parallel attention, pipeline
-    parallelism, rejection sampling without eager draft sync), because passing
-    them through silently would leave an operator believing the gate is at
-    work, or would break the server. ``extra_refusals`` are a version's own
-    ``(server_args attribute, reason)`` pairs, refused when truthy; the
-    version also says what it resolved for ``attn_dp_size``, ``pp_size`` and
-    ``rejection_sampling``. ``draft_sync``: the gate's setting (None: not
-    known here, checked later).
+    EAGLE, a draft tree wider than topk 1 however it was chosen,
+    data-parallel attention, pipeline parallelism, rejection sampling
+    without eager draft sync), because passing them through silently would
+    leave an operator believing the gate is at work, or would break the
+    server. ``spec`` is the version's resolution (never the raw command line:
+    NEXTN is gated as the EAGLE it becomes, an auto-chosen tree is refused
+    like a given one). ``extra_refusals``: the version's own ``(refused,
+    reason)`` pairs. ``draft_sync``: the gate's setting (None: no plain step,
+    or not known here).
     """
-    algorithm = getattr(server_args, "speculative_algorithm", None)
-    if algorithm is None or str(algorithm).upper() == "NONE":
+    if not spec.speculating:
         return False, "idle: speculation is off, every step is SGLang's own"
-    name = str(algorithm).upper()
+    name = spec.algorithm
     if name not in {"EAGLE", "EAGLE3"}:
         raise GateRefused(
-            f"--speculative-algorithm {algorithm} is not handled by eagle_gate; "
-            "supported: EAGLE, EAGLE3 (or no speculation). Launch without "
-            "eagle_gate to use it."
+            f"--speculative-algorithm {name} (as SGLang resolves it) is not handled "
+            "by eagle_gate; supported: EAGLE, EAGLE3 and NEXTN (which SGLang runs "
+            "as EAGLE), or no speculation. Launch without eagle_gate to use it."
         )
-    refusals = (
-        (
-            "enable_multi_layer_eagle",
-            "--enable-multi-layer-eagle is not handled by eagle_gate",
-        ),
-        *extra_refusals,
-    )
-    for attribute, reason in refusals:
-        if getattr(server_args, attribute, None):
+    if spec.multi_layer:
+        raise GateRefused(MULTI_LAYER_REFUSAL)
+    for refused, reason in extra_refusals:
+        if refused:
             raise GateRefused(reason)
-    if getattr(server_args, "enable_dp_attention", False) or (attn_dp_size or 1) > 1:
+    if spec.attn_dp_size > 1:
         raise GateRefused(DP_ATTENTION_REFUSAL)
-    if (pp_size or 1) > 1:
+    if spec.pp_size > 1:
         raise GateRefused(PP_REFUSAL)
-    if rejection_sampling and draft_sync not in (None, "eager"):
+    if spec.rejection_sampling and draft_sync not in (None, "eager"):
         raise GateRefused(
             f"--gate-draft-sync {draft_sync} with rejection sampling "
             "(--speculative-use-rejection-sampling, SGLang's default for EAGLE on "
@@ -103,14 +130,9 @@ def check_speculation(
             "tokens against a q that did not propose them, biasing the output. "
             "Use --gate-draft-sync eager (the default), which keeps it exact"
         )
-    topk = getattr(server_args, "speculative_eagle_topk", None)
-    if topk not in (None, 1):
-        raise GateRefused(
-            f"--speculative-eagle-topk {topk} is not handled by eagle_gate: the "
-            "plain step and the spec-v2 path it joins need a chain of drafts; use "
-            "--speculative-eagle-topk 1"
-        )
-    return True, f"gating {name}"
+    if spec.topk is not None and spec.topk > 1:
+        raise GateRefused(tree_refusal(spec))
+    return True, f"gating {spec.describe()}"
 
 
 def lazy_buffer_bytes(rows: int, width: int, hidden: int, dtype_bytes: int) -> int:

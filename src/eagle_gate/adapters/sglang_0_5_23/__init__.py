@@ -28,7 +28,12 @@ from typing import Any
 from eagle_gate.adapters.hooks import version_patches
 from eagle_gate.adapters.patching import PatchTarget
 from eagle_gate.adapters.refusals import GateRefused, check_speculation
+from eagle_gate.adapters.resolved import ResolvedSpec
 from eagle_gate.adapters.sglang_0_5_23 import graphs, plain  # noqa: F401
+from eagle_gate.adapters.sglang_0_5_23.resolve import (  # noqa: F401 (adapter API)
+    resolve_argv,
+    resolve_spec,
+)
 
 SGLANG_VERSIONS = ("0.5.23",)
 NAME = "sglang-0.5.23"
@@ -63,43 +68,32 @@ INSTRUMENTOR, TARGETS = version_patches(ADAPTER, PLUGIN_LOADER_TARGET)
 _instrument, _uninstrument = INSTRUMENTOR.instrument, INSTRUMENTOR.uninstrument
 
 
-def check_server_args(
-    server_args: Any, environ: dict | None = None, *, draft_sync: str | None = None
+def check_spec(
+    spec: ResolvedSpec, environ: dict | None = None, *, draft_sync: str | None = None
 ) -> tuple[bool, str]:
-    """Refuse speculative setups the gate cannot run on 0.5.23.
-
-    0.5.23 resolves some settings after parsing (``--enable-dp-attention``
-    becomes ``attn_dp_size``; rejection sampling is switched on by default for
-    EAGLE on ROCm): the resolved values are read where SGLang keeps them.
-    """
+    """Refuse speculative setups the gate cannot run on 0.5.23, judged on
+    SGLang's own resolution (:func:`resolve.resolve_spec`): NEXTN as the EAGLE
+    it becomes, the shape ``_auto_choose_speculative_params`` picked, adaptive
+    speculation only when SGLang kept it on, the attention-DP width and
+    rejection-sampling default SGLang settled on."""
     return check_speculation(
-        server_args,
+        spec,
         extra_refusals=[
             (
-                "speculative_adaptive",
+                spec.adaptive,
                 "--speculative-adaptive is SGLang's own adaptive speculation and "
                 "would fight eagle_gate over the same decision; use one of them",
             ),
         ],
-        attn_dp_size=_resolved(server_args, "attn_dp_size") or 1,
-        pp_size=_resolved(server_args, "pp_size") or 1,
-        rejection_sampling=bool(
-            _resolved(server_args, "speculative_use_rejection_sampling")
-        ),
         draft_sync=draft_sync,
     )
 
 
-def _resolved(server_args: Any, name: str) -> Any:
-    """A setting as SGLang resolved it: 0.5.23's resolution records some
-    values as declarations over the parsed fields (``resolving_view`` reads
-    them); a pre-parsed flag namespace has only the raw attribute."""
-    try:
-        from sglang.srt.arg_groups.model_override_base import resolving_view
-
-        return getattr(resolving_view(server_args), name)
-    except Exception:
-        return getattr(server_args, name, None)
+def check_server_args(
+    server_args: Any, environ: dict | None = None, *, draft_sync: str | None = None
+) -> tuple[bool, str]:
+    """:func:`check_spec` of this record's resolved view."""
+    return check_spec(resolve_spec(server_args), environ, draft_sync=draft_sync)
 
 
 def check_scheduler(scheduler: Any, config: Any) -> None:

@@ -21,7 +21,12 @@ from typing import Any
 from eagle_gate.adapters.hooks import version_patches
 from eagle_gate.adapters.patching import PatchTarget
 from eagle_gate.adapters.refusals import GateRefused, check_speculation
+from eagle_gate.adapters.resolved import ResolvedSpec
 from eagle_gate.adapters.sglang_0_5_9 import graphs, plain  # noqa: F401
+from eagle_gate.adapters.sglang_0_5_9.resolve import (  # noqa: F401 (adapter API)
+    resolve_argv,
+    resolve_spec,
+)
 
 SGLANG_VERSIONS = ("0.5.9",)
 NAME = "sglang-0.5.9"
@@ -65,23 +70,23 @@ INSTRUMENTOR, TARGETS = version_patches(ADAPTER, LAUNCH_TARGET)
 _instrument, _uninstrument = INSTRUMENTOR.instrument, INSTRUMENTOR.uninstrument
 
 
-def check_server_args(
-    server_args: Any, environ: dict | None = None, *, draft_sync: str | None = None
+def check_spec(
+    spec: ResolvedSpec, environ: dict | None = None, *, draft_sync: str | None = None
 ) -> tuple[bool, str]:
-    """Refuse speculative setups the gate cannot run on 0.5.9 (see module doc)."""
+    """Refuse speculative setups the gate cannot run on 0.5.9 (see module doc),
+    judged on SGLang's resolution (:func:`resolve.resolve_spec`)."""
     import os
 
     env = os.environ if environ is None else environ
     gated, state = check_speculation(
-        server_args,
+        spec,
         extra_refusals=[
             (
-                "disable_overlap_schedule",
+                not spec.overlap,
                 "eagle_gate on SGLang 0.5.9 needs the spec-v2 worker, which SGLang "
                 "only uses with overlap scheduling: drop --disable-overlap-schedule",
             ),
         ],
-        pp_size=getattr(server_args, "pp_size", 1) or 1,
         draft_sync=draft_sync,
     )
     if gated:
@@ -91,6 +96,13 @@ def check_server_args(
                 "the v1 EAGLE worker); python -m eagle_gate.launch sets it for you"
             )
     return gated, state
+
+
+def check_server_args(
+    server_args: Any, environ: dict | None = None, *, draft_sync: str | None = None
+) -> tuple[bool, str]:
+    """:func:`check_spec` of this ``ServerArgs``'s resolved view."""
+    return check_spec(resolve_spec(server_args), environ, draft_sync=draft_sync)
 
 
 def committed_len(req: Any) -> int:
