@@ -152,3 +152,16 @@ def test_lazy_buffer_bound_sources_and_errors(tmp_path):
     assert resolve_config(environ=env, cli_lazy_max_mib="32").lazy_max_mib == 32
     with pytest.raises(ConfigError, match="lazy_max_mib: value '0'"):
         resolve_config(environ={}, cli_lazy_max_mib="0")
+
+
+def test_every_policy_accepts_its_own_resolved_settings_again():
+    """A runtime change writes a policy's resolved settings (defaults filled
+    in) to the control file and each scheduler validates them again. A
+    default the schema itself refuses (goodput's deprecated ``ema_alpha``
+    defaulted to None) made every runtime change to that policy be ignored."""
+    from eagle_gate.plugins import available_policies
+    from eagle_gate.settings import validate_settings
+
+    for name, factory in available_policies().items():
+        resolved = validate_settings(name, factory.settings, {})
+        assert validate_settings(name, factory.settings, resolved) == resolved, name

@@ -56,6 +56,10 @@ class Setting:
         and are not JSON), and so are integers outside int64 and numbers too
         large for a float: every value must survive the trip to each scheduler.
         """
+        if raw is None and self.default is None:
+            # an optional setting left unset: its resolved value (None) must
+            # survive the trip through the control file to every scheduler
+            return None
         value = self._convert(key, raw)
         if self.type is float and not math.isfinite(value):
             raise self._error(key, raw)
