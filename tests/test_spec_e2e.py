@@ -775,3 +775,52 @@ def test_plain_steps_measure_the_acceptance_spec_steps_see(gated):
     assert spec.mean > 0.3, "the trained draft should accept its first token"
     assert abs(plain.mean - spec.mean) <= noise(plain, spec), (plain.mean, spec.mean)
     assert first["plain"]["requests"] >= len(plain.values)
+
+
+def test_goodput_at_batch_1_on_a_live_server(reference, gated):
+    """The default policy on a real server, one request at a time (#23):
+    outputs stay identical, the trained draft's acceptance is seen, and the
+    mode goodput settles in is the one its own estimates rate higher (on
+    these CPU servers a verify costs several plain steps, so that may well
+    be PLAIN even at batch 1; the note prints the estimates)."""
+    config = gated.config
+    if not config.operations:
+        pytest.skip(f"{config.id}: runs in the operations server")
+    prompt, want = DRAFT_PROMPTS[0], reference["draft-0"]
+    records = decision_records(gated.decision_dir)
+    first = 1 + max((r["step"] for r in records if "step" in r), default=-1)
+    version = set_policy(gated.base_url, "goodput")
+    assert ids(generate(gated.base_url, prompt, DRAFT_NEW)) == ids(want)
+    time.sleep(1.0)  # the ops thread flushes the log (every 0.2 s here)
+    records = decision_records(gated.decision_dir)
+    # the change applies at a decode step shortly after the request: skip
+    # the steps before goodput's first SPEC decision (the previous policy
+    # here is "never", which decides PLAIN only)
+    ran = [r for r in records if r["kind"] == "decision" and r["step"] >= first]
+    configs = [
+        (r["step"], r["policy"], r.get("config_version"))
+        for r in records
+        if r["kind"] == "config"
+    ]
+    status_now = scheduler_status(gated.base_url)
+    seq = "".join("S" if r["ran"] == "spec" else "P" for r in ran)
+    assert "S" in seq, (seq, configs, status_now["estimates"])
+    ran = ran[seq.index("S") :]
+    assert status_now["policy"] == "goodput", status_now["policy"]
+    assert status_now["config_version"] == version
+    est = status_now["estimates"]
+    note(
+        f"SGLang {VERSION}: goodput at batch 1: {len(ran)} decisions, "
+        f"{sum(r['ran'] == 'plain' for r in ran)} PLAIN; estimates "
+        + ", ".join(f"{k}={v:.3g}" for k, v in sorted(est.items()))
+    )
+    assert len(ran) >= 20
+    assert {r["ran"] for r in ran} >= {"spec"}  # it measured SPEC
+    assert est["accept_length_spec"] > 1.3, est  # the trained draft accepts
+    spec_s = est.get("spec_step_s_at_mean_batch")
+    plain_s = est.get("plain_step_s_at_mean_batch")
+    if spec_s and plain_s:
+        better = "spec" if est["accept_length"] / spec_s > 1.0 / plain_s else "plain"
+        last = [r["decided"] for r in ran[-8:]]
+        # a probe of the other mode may sit among the last steps
+        assert last.count(better) >= len(last) // 2, (better, last, est)
