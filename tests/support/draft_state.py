@@ -95,6 +95,7 @@ class Step:
     committed: int  # output tokens before the step
     plain_before: int  # PLAIN steps right before it (0: a SPEC step was)
     plain_so_far: int  # PLAIN steps of this request before it
+    longest_gap: int  # its longest PLAIN stretch so far
     accept: int
     request: int = -1
     offline: int | None = None
@@ -111,6 +112,7 @@ def spec_steps(outcomes: Sequence[dict]) -> list[Step]:
     committed: list[int] = []
     plain_run: list[int] = []
     plain_total: list[int] = []
+    longest: list[int] = []
     steps: list[Step] = []
     for record in outcomes:
         lens = [int(a) for a in record["accept_lens"]]
@@ -120,15 +122,24 @@ def spec_steps(outcomes: Sequence[dict]) -> list[Step]:
             committed.append(1)  # its prefill produced the first token
             plain_run.append(0)
             plain_total.append(0)
+            longest.append(0)
         for c, accept in enumerate(lens):
             if record["mode"] == "spec":
                 steps.append(
-                    Step(c, committed[c], plain_run[c], plain_total[c], accept)
+                    Step(
+                        c,
+                        committed[c],
+                        plain_run[c],
+                        plain_total[c],
+                        longest[c],
+                        accept,
+                    )
                 )
                 plain_run[c] = 0
             else:
                 plain_run[c] += 1
                 plain_total[c] += 1
+                longest[c] = max(longest[c], plain_run[c])
             committed[c] += accept
     return steps
 

@@ -25,19 +25,24 @@ from __future__ import annotations
 import os
 import sys
 
-MODE = os.environ.get("EAGLE_GATE_TEST_SABOTAGE", "")
-MODES = ("skip_alternate_extend", "prev_hidden", "lazy_short")
+#: comma-separated: one eager mode and lazy_short may go together (each
+#: touches only its own sync)
+MODES = [m for m in os.environ.get("EAGLE_GATE_TEST_SABOTAGE", "").split(",") if m]
+KNOWN = ("skip_alternate_extend", "prev_hidden", "lazy_short")
 
 
 def _install() -> None:
     from eagle_gate.adapters.plain import lazy as lazy_mod
     from eagle_gate.adapters.plain import step as step_mod
 
-    if MODE not in MODES:
-        raise SystemExit(f"EAGLE_GATE_TEST_SABOTAGE={MODE!r}: expected one of {MODES}")
-    print(f"[eagle_gate test sabotage] pid {os.getpid()}: {MODE}", file=sys.stderr)
+    for mode in MODES:
+        if mode not in KNOWN:
+            raise SystemExit(
+                f"EAGLE_GATE_TEST_SABOTAGE: {mode!r} is not one of {KNOWN}"
+            )
+    print(f"[eagle_gate test sabotage] pid {os.getpid()}: {MODES}", file=sys.stderr)
 
-    if MODE == "lazy_short":
+    if "lazy_short" in MODES:
         window = lazy_mod.LazyDraftSync.window
 
         def short_window(self, batch):
@@ -52,8 +57,10 @@ def _install() -> None:
             return starts, lengths, mask
 
         lazy_mod.LazyDraftSync.window = short_window
+    eager = [m for m in MODES if m != "lazy_short"]
+    if not eager:
         return
-
+    (MODE,) = eager
     real_extend = step_mod.draft_extend
     real_plain_step = step_mod.plain_step
     state = {"inside": False, "calls": 0, "prev": {}}
@@ -92,5 +99,5 @@ def _install() -> None:
     step_mod.draft_extend = draft_extend
 
 
-if MODE:
+if MODES:
     _install()
