@@ -192,6 +192,11 @@ class Tally:
         vals = [s.offline for s in self.steps if s.offline is not None]
         return sum(vals) / len(vals) if vals else float("nan")
 
+    @property
+    def deficit(self) -> float:
+        """Mean accept length the server lost against the offline draft."""
+        return self.offline_mean - self.server_mean if self.n else float("nan")
+
     def describe(self) -> str:
         return (
             f"{self.differ}/{self.n} differ, accept {self.server_mean:.2f} "
