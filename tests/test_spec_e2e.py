@@ -110,7 +110,7 @@ STAGGERED = [
 KEEPER = ("A request that must not notice the abort", 20)
 # radix reuse: RADIX_PAIRS requests decoded with PLAIN stretches, then their
 # continuations (prompt + output) at once, SPEC only
-RADIX_PAIRS = 4
+RADIX_PAIRS = 2
 RADIX_BASES = [
     ([1] + list(range(40 + 100 * j, 80 + 100 * j)), 12) for j in range(RADIX_PAIRS)
 ]
