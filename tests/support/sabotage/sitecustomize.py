@@ -17,7 +17,10 @@ Modes (each leaves the counters as a correct run would show them):
   previous step was PLAIN too (inside a stretch), the target hidden state of
   the previous position instead of this one;
 * ``lazy_short``: lazy's catch-up covers one position less of each gap (the
-  oldest position of the gap stays stale).
+  oldest position of the gap stays stale);
+* ``lazy_drop_newest``: lazy's catch-up stops one position short of each gap
+  longer than one (the newest position stale, the next draft input taken one
+  position early: an off-by-one at the end of the window).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import sys
 #: comma-separated: one eager mode and lazy_short may go together (each
 #: touches only its own sync)
 MODES = [m for m in os.environ.get("EAGLE_GATE_TEST_SABOTAGE", "").split(",") if m]
-KNOWN = ("skip_alternate_extend", "prev_hidden", "lazy_short")
+LAZY = ("lazy_short", "lazy_drop_newest")
+KNOWN = ("skip_alternate_extend", "prev_hidden", *LAZY)
 
 
 def _install() -> None:
@@ -42,8 +46,10 @@ def _install() -> None:
             )
     print(f"[eagle_gate test sabotage] pid {os.getpid()}: {MODES}", file=sys.stderr)
 
-    if "lazy_short" in MODES:
+    lazy = [m for m in MODES if m in LAZY]
+    if lazy:
         window = lazy_mod.LazyDraftSync.window
+        oldest = lazy == ["lazy_short"]
 
         def short_window(self, batch):
             plan = window(self, batch)
@@ -52,12 +58,13 @@ def _install() -> None:
             starts, lengths, mask = plan
             for i, (length, gap) in enumerate(zip(lengths, mask, strict=True)):
                 if gap and length > 1:
-                    starts[i] += 1
+                    if oldest:
+                        starts[i] += 1
                     lengths[i] -= 1
             return starts, lengths, mask
 
         lazy_mod.LazyDraftSync.window = short_window
-    eager = [m for m in MODES if m != "lazy_short"]
+    eager = [m for m in MODES if m not in LAZY]
     if not eager:
         return
     (MODE,) = eager
