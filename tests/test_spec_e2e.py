@@ -149,12 +149,13 @@ MAX_DIFFER_EACH = 0.25
 #: before any stretch) at most this share (32 samples: 4)
 MAX_DIFFER_SHARE = 0.125
 #: accept length lost against the offline draft, mean over every SPEC step
-#: after the first stretch (~150): clean 0.013 (0.5.9) and 0.000 (0.5.23);
-#: the draft's KV never written at every other plain position, the next
-#: draft input right: 0.11; none: 0.24. (A single stale KV position per
-#: stretch, lazy_short in tests/support/sabotage, loses 0.01: below what
-#: this draft shows.)
-MAX_DEFICIT = 0.04
+#: after the first stretch (~100-150): clean eager 0.013 (0.5.9) and 0.000
+#: (0.5.23), clean lazy 0.021 (0.5.9; one step); the draft's KV never
+#: written at every other plain position, the next draft input right: 0.11;
+#: lazy's catch-up one position short: 0.135; none: 0.24. (A single stale KV
+#: position per stretch, lazy_short in tests/support/sabotage, loses 0.01:
+#: below what this draft shows.)
+MAX_DEFICIT = 0.06
 #: the positive control: without sync (``none``) the first draft token after
 #: a stretch is zero-filled, so every step after a stretch whose offline
 #: accept length is above 1 (about 0.4 of them) differs; at least this share
