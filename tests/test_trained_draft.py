@@ -14,13 +14,39 @@ built once per session, and reused across sessions under
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import time
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("safetensors")
+
+def in_ci() -> bool:
+    """Whether this is a CI run: scripts/test.sh exports EAGLE_GATE_CI=1, and
+    CI services (GitHub Actions, GitLab, ...) export CI=true."""
+    return os.environ.get("EAGLE_GATE_CI") == "1" or os.environ.get(
+        "CI", ""
+    ).lower() in ("1", "true", "yes")
+
+
+def require(name: str):
+    """Import ``name``; outside CI a missing module skips these tests (a
+    developer's light environment), in CI it is an error: the CI
+    environments carry torch and safetensors, so their absence is breakage."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        if in_ci():
+            raise ImportError(
+                f"{name} is missing in a CI run (EAGLE_GATE_CI=1 or CI=true): "
+                f"the trained-draft checks must run there ({exc})"
+            ) from exc
+        pytest.skip(f"{name} is not installed ({exc})", allow_module_level=True)
+
+
+torch = require("torch")
+require("safetensors")
 
 from support import trained_draft as td  # noqa: E402
 

@@ -225,9 +225,11 @@ class GateRuntime:
         PLAIN.
         """
         step = self.step
-        self.step = step + 1
         if not step & self._tick_mask and self.on_tick is not None:
+            # before the step count moves on: a change applied here takes
+            # effect at this step, and its decision-log record says so
             self._tick(step)
+        self.step = step + 1
         agreement = self.agreement
         if agreement is not None and agreement.due(step):
             for mode_, step_, lens_, interval_, matches_ in agreement.release():

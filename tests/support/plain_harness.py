@@ -270,3 +270,15 @@ def hf_greedy(model_dir: Path, prompt: list[int], n: int) -> list[int]:
         torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=0
     )
     return out[0, len(prompt) :].tolist()
+
+
+def hf_hidden(model_dir: Path, tokens: list[int]):
+    """Reference for the hidden state an EAGLE target hands its draft: the
+    last layer's output after the final norm (what ``lm_head`` reads; SGLang's
+    ``LogitsProcessor`` stores it for ``CaptureHiddenMode.LAST`` / ``FULL``
+    without aux layers), one row per position of ``tokens``, from
+    transformers' own forward of the same weights: ``[len(tokens), hidden]``."""
+    model = _hf_model(Path(model_dir))
+    with torch.no_grad():
+        out = model(torch.tensor([tokens]), output_hidden_states=True)
+    return out.hidden_states[-1][0]

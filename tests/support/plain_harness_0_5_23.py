@@ -68,7 +68,10 @@ from pathlib import Path
 
 import torch
 
-from support.plain_harness import hf_greedy  # noqa: F401  (re-exported reference)
+from support.plain_harness import (  # noqa: F401  (re-exported references)
+    hf_greedy,
+    hf_hidden,
+)
 
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
