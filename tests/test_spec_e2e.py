@@ -949,6 +949,30 @@ MATCH_PROMPTS = [
 MATCH_NEW = 40
 
 
+@dataclass
+class Sample:
+    """Per-request values (here 0/1 flags) with their mean and standard error."""
+
+    values: list[float] = field(default_factory=list)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values) if self.values else float("nan")
+
+    @property
+    def se(self) -> float:
+        n = len(self.values)
+        if n < 2:
+            return float("inf")
+        m = self.mean
+        return (sum((v - m) ** 2 for v in self.values) / (n - 1) / n) ** 0.5
+
+
+def noise(a: Sample, b: Sample) -> float:
+    """Three standard errors of the difference of two means."""
+    return 3 * (a.se**2 + b.se**2) ** 0.5
+
+
 def first_position(records: list[dict], first_step: int) -> tuple[Sample, Sample]:
     """Per request-step, from the decision log since ``first_step``: PLAIN
     steps' draft matches (1: the draft's proposal was the target's token) and
