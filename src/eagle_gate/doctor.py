@@ -151,6 +151,36 @@ def check_patch_targets(adapter: ModuleType) -> list[Check]:
     return checks
 
 
+def check_version_fixes(adapter: ModuleType) -> list[Check]:
+    """The SGLang bugs the adapter carries fixes for (its optional ``fixes``
+    module): whether the installed code has each defect, by the same probe
+    the launcher runs. A fix that cannot be judged stops the launch."""
+    fixes = getattr(adapter, "fixes", None)
+    if fixes is None:
+        return []
+    try:
+        with warnings.catch_warnings():  # SGLang's CPU import chatter
+            warnings.simplefilter("ignore")
+            verdicts = fixes.judge()
+    except Exception as exc:
+        pin = adapter.SGLANG_VERSIONS[0]
+        fix = (
+            f"reinstall stock SGLang {pin} (pip install --force-reinstall "
+            f"--no-deps 'sglang=={pin}')"
+        )
+        return [Check("fix (version fixes)", False, str(exc), fix=fix)]
+    summaries = {f.name: f.summary for f in fixes.FIXES}
+    return [
+        Check(
+            f"fix {name}",
+            True,
+            ("needed, applied at launch: " if defect else "not needed here: ")
+            + summaries[name],
+        )
+        for name, defect in verdicts.items()
+    ]
+
+
 # -- entry points ------------------------------------------------------------------
 def check_policy_plugins() -> list[Check]:
     """Load every ``eagle_gate`` entry point on its own (the launcher loads them
@@ -523,6 +553,7 @@ def run_checks(
     checks = [sglang]
     if adapter is not None:
         checks += check_patch_targets(adapter)
+        checks += check_version_fixes(adapter)
     checks += check_policy_plugins()
     checks.append(check_sglang_plugin(adapter, env))
     setting_checks, resolved = check_settings(args, env)

@@ -65,6 +65,8 @@ class ProcessInfo:
     speculative_algorithm: str | None
     #: the speculative setup as SGLang resolved it (status: "speculative").
     spec: ResolvedSpec | None = None
+    #: the version fixes applied in this process (the adapter's ``fixes``).
+    fixes: tuple[str, ...] = ()
 
 
 def check_built_worker(worker: Any, spec: ResolvedSpec, worker_hint: str) -> None:
@@ -134,6 +136,7 @@ def activate_scheduler(
         ),
         speculative_algorithm=spec.algorithm,
         spec=spec,
+        fixes=tuple(_applied_fixes(adapter)),
     )
     return activate(
         process,
@@ -214,6 +217,7 @@ def activate(
         "draft_sync": config.draft_sync,
         "launch_id": launch.launch_id,
         "server_pid": launch.server_pid,
+        "fixes": list(process.fixes),
     }
     # OpsService() cannot fail; the status directory is opened on first use.
     ops = OpsService(
@@ -231,7 +235,7 @@ def activate(
     path = _start_ops(ops, launch.status_dir)
     logger.info(
         "eagle_gate active in scheduler pid %d (TP %d/%d): SGLang %s, adapter %s, "
-        "policy %r %s%s, state: %s, %s, status: %s",
+        "policy %r %s%s, state: %s, %s, SGLang fixes: %s, status: %s",
         os.getpid(),
         process.tp_rank,
         process.tp_size,
@@ -244,6 +248,7 @@ def activate(
         else "",
         state,
         plain_mode if gated else "plain step unused",
+        ", ".join(process.fixes) or "none",
         path,
     )
     return runtime
@@ -255,6 +260,13 @@ def _spec_status(process: ProcessInfo) -> dict[str, Any] | None:
     if process.spec is None:
         return None
     return {**process.spec.as_dict(), "describe": process.spec.describe()}
+
+
+def _applied_fixes(adapter: Any) -> list[str]:
+    """The version fixes the adapter applied in this process (its optional
+    ``fixes`` module, e.g. sglang_0_5_9/fixes.py); none for other adapters."""
+    fixes = getattr(adapter, "fixes", None)
+    return list(fixes.applied()) if fixes is not None else []
 
 
 def _runtime_control(

@@ -11,6 +11,8 @@ What this version needs (read from the 0.5.9 wheel):
 * No plugin mechanism: schedulers are spawned, so the launcher hands SGLang
   :func:`run_scheduler_process`, which instruments the child and then runs
   SGLang's own entry function.
+* One 0.5.9 bug kills an EAGLE-3 server on a request with input logprobs;
+  :mod:`.fixes` carries the fix, applied where the installed code has it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from eagle_gate.adapters.hooks import version_patches
 from eagle_gate.adapters.patching import PatchTarget
 from eagle_gate.adapters.refusals import GateRefused, check_speculation
 from eagle_gate.adapters.resolved import ResolvedSpec
-from eagle_gate.adapters.sglang_0_5_9 import graphs, plain  # noqa: F401
+from eagle_gate.adapters.sglang_0_5_9 import fixes, graphs, plain  # noqa: F401
 from eagle_gate.adapters.sglang_0_5_9.resolve import (  # noqa: F401 (adapter API)
     resolve_argv,
     resolve_spec,
@@ -134,11 +136,13 @@ def check_scheduler(scheduler: Any, config: Any) -> None:
 
 def run_scheduler_process(*args: Any, **kwargs: Any) -> Any:
     """Scheduler entry handed to SGLang: instrument this (spawned) process, then
-    run SGLang's own ``run_scheduler_process``. A patch that cannot be applied
-    raises here, the scheduler dies before reporting ready, and the launch stops.
+    run SGLang's own ``run_scheduler_process``. A patch or version fix that
+    cannot be applied raises here, the scheduler dies before reporting ready,
+    and the launch stops.
     """
     _instrument()
     INSTRUMENTOR.require_applied([SCHEDULER_MODULE, RESOLVER_MODULE])
+    fixes.apply_fixes()
     from sglang.srt.managers.scheduler import run_scheduler_process as original
 
     return original(*args, **kwargs)
