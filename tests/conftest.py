@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.traffic import order_traffic_last, traffic_servers  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +47,11 @@ def test_plugins(tmp_path_factory):
     from support.gated_server import install_test_plugins
 
     return install_test_plugins(tmp_path_factory.mktemp("plugins"))
+
+
+def pytest_collection_modifyitems(items):
+    # the real-traffic files share one server pair: run them last, together
+    order_traffic_last(items)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -31,6 +31,11 @@ says what it replaces and why it is exact. Test-only switches, off by default:
   gate's adapter (docs/plain-graphs.md T2) with the runner's ``capture()`` a
   no-op, check them, record the checks in ``plain_graphs.report`` of the
   gate's status and drop them again. The plain step stays eager.
+* ``EAGLE_GATE_CI_PLAIN_TEMPERATURE_FILE=PATH`` (both versions): a deliberate
+  fault for the sampling distribution test. While PATH exists, each plain
+  step of the gate samples with its batch's temperatures multiplied by the
+  number in PATH (restored after the step); SPEC steps and servers without
+  the gate are untouched. Absent, the plain step runs as it is.
 
 Every stand-in counts its calls per process (``calls()``); with
 ``EAGLE_GATE_CI_SPEC_LOG=1`` the first call of each, and every patch applied,
@@ -54,6 +59,7 @@ CPU_SEQLENS = {"1": True, "0": False}.get(
     os.environ.get("EAGLE_GATE_CI_CPU_SEQLENS", "")
 )
 PLAIN_GRAPHS = os.environ.get("EAGLE_GATE_CI_PLAIN_GRAPHS", "")
+PLAIN_TEMPERATURE_FILE = os.environ.get("EAGLE_GATE_CI_PLAIN_TEMPERATURE_FILE", "")
 
 STUB_MARK = "eagle-gate-cpu-stub"  # in the stand-in sgl_kernel's __version__
 PREFIX = "[eagle_gate_ci_spec]"
@@ -869,6 +875,31 @@ def _patch_gate_plain_graphs(mod):
     _applied("eagle_gate plain graphs: construct without capture")
 
 
+def _patch_gate_plain_temperature(mod):
+    """Test switch EAGLE_GATE_CI_PLAIN_TEMPERATURE_FILE (see the module doc)."""
+    original = mod.plain_step
+    path = PLAIN_TEMPERATURE_FILE
+
+    def plain_step(parts, worker, batch, *args, **kwargs):
+        try:
+            with open(path) as f:
+                scale = float(f.read())
+        except FileNotFoundError:
+            return original(parts, worker, batch, *args, **kwargs)
+        info = batch.sampling_info
+        temperatures = info.temperatures
+        info.temperatures = temperatures * scale
+        _count("plain_step(temperature scaled)")
+        try:
+            return original(parts, worker, batch, *args, **kwargs)
+        finally:
+            info.temperatures = temperatures
+
+    plain_step.__wrapped__ = original
+    mod.plain_step = plain_step
+    _applied("eagle_gate plain step: temperature scaled while the switch file exists")
+
+
 def _count_calls(obj, name: str, counts: dict, key: str) -> None:
     """Count calls of ``obj.name`` (an instance attribute shadowing the method)."""
     method = getattr(obj, name)
@@ -1076,6 +1107,8 @@ def install() -> bool:
     hooks = make_hooks()
     if PLAIN_GRAPHS == "construct":
         hooks["eagle_gate.adapters.plain.capture"] = _patch_gate_plain_graphs
+    if PLAIN_TEMPERATURE_FILE:
+        hooks["eagle_gate.adapters.plain.step"] = _patch_gate_plain_temperature
     for module_name, hook in hooks.items():
         wrapt.register_post_import_hook(hook, module_name)
     _log(f"installed for SGLang {version}")

@@ -1,0 +1,407 @@
+"""A bounded soak of mixed real traffic against the shared gated EAGLE-3
+server, overlap scheduling on (issue #21, items 3 and 5).
+
+For about ``SOAK_S`` seconds, ``CLIENTS`` client threads send a seeded mix:
+greedy requests (some with stop strings, some with input and top logprobs),
+sampled ones (temperature, top-p, top-k, seeds; ``n = 2``), regex-constrained
+ones (a grammar: a PLAIN blocker), requests aborted mid-generation through
+``/abort_request`` and streams the client drops mid-generation (a disconnect
+that SGLang turns into an abort inside a running overlap step), and bad input
+(negative and huge ``max_new_tokens``, a prompt past the context, malformed
+JSON, out-of-range sampling values). Meanwhile the gate's policy changes every
+``PHASE_S`` seconds through runtime control: goodput, PLAIN every step
+(``never``), SPEC every step, ``threshold``, a seeded random switcher, and
+``never`` in shadow mode, so aborts and disconnects land in PLAIN and SPEC
+stretches alike.
+
+At the end: the server is alive; every request got a 200 or a 4xx (every bad
+input a 4xx; dropped streams get no answer by design); every greedy answer
+equals the server without speculation's; after a few idle seconds SGLang's
+strict idle memory check (on in this server: a leaked KV or request slot
+stops it) has found every slot free; and the gate's counters add up (decode
+steps run = policy decisions + policy errors + degraded steps, no policy
+error, no plain-step failure, no internal error).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pytest
+import sglang_env
+from support.gated_server import scheduler_status, set_policy
+from support.gated_server import status as gate_status
+from support.timings import note
+from support.traffic import generate_all, health, log_failures, post
+
+VERSION = sglang_env.version()
+SOAK_S = 100.0
+CLIENTS = 6
+PHASE_S = 12.0
+SEED = 21
+CONTEXT = 2048  # the tiny target's max_position_embeddings
+
+#: (policy, settings, shadow), cycled through during the soak.
+PHASES = [
+    ("goodput", {}, False),
+    ("never", {}, False),
+    ("always", {}, False),
+    (
+        "threshold",
+        {"plain_above": 2, "spec_at_or_below": 2, "min_dwell_steps": 1},
+        False,
+    ),
+    ("coin", {"seed": 5, "plain_share": 0.5}, False),
+    ("never", {}, True),
+]
+
+#: greedy requests: (name, prompt, max_new_tokens)
+GREEDY = [
+    ("g-fox", "The quick brown fox", 8),
+    ("g-tale", "Once upon a time the tiny model", 12),
+    ("g-count", "One two three four five", 6),
+    ("g-spec", "Speculative decoding drafts tokens and", 10),
+    ("g-ids", [1] + list(range(40, 70)), 8),
+]
+SAMPLED_PROMPTS = ["A sampled request about", "Sampling with seeds", "Top p and top k"]
+
+#: bad input: (name, body or raw bytes)
+BAD = [
+    (
+        "negative max_new_tokens",
+        {"text": "x", "sampling_params": {"max_new_tokens": -1}},
+    ),
+    (
+        "huge max_new_tokens",
+        {"text": "x", "sampling_params": {"max_new_tokens": 10_000_000}},
+    ),
+    (
+        "prompt past the context",
+        {"input_ids": [5] * (CONTEXT + 64), "sampling_params": {"max_new_tokens": 2}},
+    ),
+    ("malformed JSON", b'{"text": "x", "sampling_params": {'),
+    ("temperature < 0", {"text": "x", "sampling_params": {"temperature": -1.0}}),
+    ("top_p > 1", {"text": "x", "sampling_params": {"top_p": 1.5}}),
+    ("top_k = 0", {"text": "x", "sampling_params": {"top_k": 0}}),
+    ("min_p > 1", {"text": "x", "sampling_params": {"min_p": 2.0}}),
+]
+
+
+def _greedy_body(prompt, new: int, **extra) -> dict:
+    body: dict = {
+        "sampling_params": {
+            "temperature": 0.0,
+            "max_new_tokens": new,
+            "ignore_eos": True,
+        }
+    }
+    body["text" if isinstance(prompt, str) else "input_ids"] = prompt
+    stop = extra.pop("stop", None)
+    if stop is not None:
+        body["sampling_params"]["stop"] = [stop]
+    body.update(extra)
+    return body
+
+
+def _key(reply: dict) -> tuple:
+    return tuple(reply["output_ids"]), reply["meta_info"]["finish_reason"]["type"]
+
+
+@dataclass
+class Ledger:
+    """Everything the soak sent and got back (thread-safe appends)."""
+
+    sent: Counter = field(default_factory=Counter)
+    statuses: Counter = field(default_factory=Counter)
+    errors: list = field(default_factory=list)
+    greedy: list = field(default_factory=list)  # (name, reply key)
+    bad: list = field(default_factory=list)  # (name, status)
+    aborted: Counter = field(default_factory=Counter)
+    dropped: Counter = field(default_factory=Counter)  # by policy
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def answer(self, kind: str, status: int, reply) -> None:
+        with self.lock:
+            self.sent[kind] += 1
+            self.statuses[status // 100 * 100] += 1
+            if status >= 500 or not (status == 200 or 400 <= status < 500):
+                self.errors.append((kind, status, str(reply)[:300]))
+
+
+class Soak:
+    def __init__(self, url: str, stops: dict[str, str]) -> None:
+        self.url = url
+        self.stops = stops
+        self.ledger = Ledger()
+        self.policy = "goodput"
+        self.deadline = 0.0
+        self.rng = random.Random(SEED)
+        self.rng_lock = threading.Lock()
+        self.rid = 0
+
+    def _draw(self) -> tuple[str, int]:
+        with self.rng_lock:
+            self.rid += 1
+            r = self.rng.random()
+            return (
+                "greedy"
+                if r < 0.25
+                else "stop"
+                if r < 0.33
+                else "logprob"
+                if r < 0.41
+                else "sampled"
+                if r < 0.58
+                else "n2"
+                if r < 0.64
+                else "regex"
+                if r < 0.70
+                else "abort"
+                if r < 0.80
+                else "drop"
+                if r < 0.90
+                else "bad"
+            ), self.rid
+
+    def run_one(self) -> None:
+        kind, n = self._draw()
+        led = self.ledger
+        if kind in ("greedy", "stop", "logprob"):
+            name, prompt, new = GREEDY[n % len(GREEDY)]
+            extra = {}
+            if kind == "stop":
+                extra["stop"] = self.stops[name]
+            elif kind == "logprob":
+                extra = {
+                    "return_logprob": True,
+                    "logprob_start_len": 1,
+                    "top_logprobs_num": 3,
+                }
+            status, reply = post(
+                self.url, "/generate", _greedy_body(prompt, new, **extra)
+            )
+            led.answer(kind, status, reply)
+            if status == 200:
+                with led.lock:
+                    led.greedy.append((name, kind, _key(reply)))
+        elif kind in ("sampled", "n2"):
+            params = {
+                "temperature": 0.8,
+                "top_p": 0.9,
+                "top_k": 20,
+                "max_new_tokens": 6,
+                "ignore_eos": True,
+                "sampling_seed": n,
+            }
+            if kind == "n2":
+                params["n"] = 2
+            body = {"text": SAMPLED_PROMPTS[n % 3], "sampling_params": params}
+            status, reply = post(self.url, "/generate", body)
+            led.answer(kind, status, reply)
+            if status == 200:
+                replies = reply if isinstance(reply, list) else [reply]
+                assert len(replies) == (2 if kind == "n2" else 1), reply
+                assert all(len(r["output_ids"]) == 6 for r in replies), reply
+        elif kind == "regex":
+            body = {
+                "text": "Answer yes or no:",
+                "sampling_params": {
+                    "temperature": 0.0,
+                    "max_new_tokens": 8,
+                    "regex": "(yes|no)",
+                },
+            }
+            status, reply = post(self.url, "/generate", body)
+            led.answer(kind, status, reply)
+        elif kind == "abort":
+            self._abort(n)
+        elif kind == "drop":
+            self._drop(n)
+        else:
+            name, body = BAD[n % len(BAD)]
+            status, reply = post(self.url, "/generate", body)
+            led.answer("bad", status, reply)
+            with led.lock:
+                led.bad.append((name, status))
+
+    def _abort(self, n: int) -> None:
+        """A long request, aborted through SGLang's API mid-generation."""
+        rid = f"soak-abort-{n}"
+        body = _greedy_body(f"abort me {n}", 200, rid=rid)
+        with ThreadPoolExecutor(1) as pool:
+            future = pool.submit(post, self.url, "/generate", body)
+            time.sleep(1.5 + (n % 3))
+            post(self.url, "/abort_request", {"rid": rid})
+            status, reply = future.result()
+        self.ledger.answer("abort", status, reply)
+        if status == 200:
+            with self.ledger.lock:
+                self.ledger.aborted[reply["meta_info"]["finish_reason"]["type"]] += 1
+
+    def _drop(self, n: int) -> None:
+        """A streamed request whose client goes away after its first chunks."""
+        host, port = self.url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=120)
+        body = _greedy_body(f"drop me {n}", 200, stream=True)
+        conn.request(
+            "POST", "/generate", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        response = conn.getresponse()
+        chunks = 0
+        while chunks < 2 + n % 3:
+            line = response.readline()
+            if not line:
+                break
+            chunks += line.startswith(b"data:")
+        conn.close()  # the client disconnects mid-generation
+        with self.ledger.lock:
+            self.ledger.sent["drop"] += 1
+            self.ledger.dropped[self.policy] += 1
+
+    def client(self) -> None:
+        while time.monotonic() < self.deadline:
+            try:
+                self.run_one()
+            except Exception as exc:  # recorded, fails the test at the end
+                with self.ledger.lock:
+                    self.ledger.errors.append(("client", repr(exc)[:300]))
+
+    def controller(self) -> list:
+        changes = []
+        i = 0
+        while time.monotonic() < self.deadline:
+            policy, settings, shadow = PHASES[i % len(PHASES)]
+            changes.append(set_policy(self.url, policy, shadow=shadow, **settings))
+            self.policy = policy + ("+shadow" if shadow else "")
+            i += 1
+            time.sleep(min(PHASE_S, max(0.0, self.deadline - time.monotonic())))
+        set_policy(self.url, "goodput", shadow=False)
+        return changes
+
+
+@pytest.fixture(scope="module")
+def references(traffic_servers) -> dict:
+    """Greedy answers of the server without speculation, and stop strings
+    that occur in them (a piece of each answer's text)."""
+    base = traffic_servers.baseline.base_url
+    plain = generate_all(base, [_greedy_body(p, n) for _, p, n in GREEDY])
+    stops = {}
+    for (name, _, _), (status, reply) in zip(GREEDY, plain, strict=True):
+        assert status == 200, reply
+        text = reply["text"]
+        stops[name] = text[len(text) // 2 : len(text) // 2 + 2] or text[:1]
+    bodies = []
+    for name, prompt, new in GREEDY:
+        bodies.append(_greedy_body(prompt, new))
+        bodies.append(_greedy_body(prompt, new, stop=stops[name]))
+        bodies.append(
+            _greedy_body(
+                prompt,
+                new,
+                return_logprob=True,
+                logprob_start_len=1,
+                top_logprobs_num=3,
+            )
+        )
+    replies = generate_all(base, bodies)
+    answers = {}
+    for i, (name, _, _) in enumerate(GREEDY):
+        for j, kind in enumerate(("greedy", "stop", "logprob")):
+            status, reply = replies[3 * i + j]
+            assert status == 200, reply
+            answers[(name, kind)] = _key(reply)
+    return {"stops": stops, "answers": answers}
+
+
+def test_a_mixed_traffic_soak_leaves_the_gated_server_whole(
+    traffic_servers, references
+):
+    url = traffic_servers.gated.base_url
+    before = scheduler_status(url)
+    soak = Soak(url, references["stops"])
+    t0 = time.monotonic()
+    soak.deadline = t0 + SOAK_S
+    with ThreadPoolExecutor(CLIENTS + 1) as pool:
+        control = pool.submit(soak.controller)
+        clients = [pool.submit(soak.client) for _ in range(CLIENTS)]
+        for c in clients:
+            c.result()
+        changes = control.result()
+    elapsed = time.monotonic() - t0
+    led = soak.ledger
+
+    time.sleep(4.0)  # idle: SGLang's strict memory check runs
+    alive = health(url) == 200
+    log = traffic_servers.gated.log()
+    after = scheduler_status(url)
+    view = gate_status(url)
+
+    greedy_total = len(led.greedy)
+    identical = sum(
+        key == references["answers"][(name, kind)] for name, kind, key in led.greedy
+    )
+    bad_4xx = sum(400 <= s < 500 for _, s in led.bad)
+    steps = {m: after["steps"][m] - before["steps"][m] for m in ("spec", "plain")}
+    decisions = {
+        m: after["decisions"][m] - before["decisions"][m] for m in ("spec", "plain")
+    }
+    overrides = {
+        k: v - before["overrides"].get(k, 0)
+        for k, v in after["overrides"].items()
+        if v - before["overrides"].get(k, 0)
+    }
+    errors = after["policy_errors"] - before["policy_errors"]
+    figures = {
+        "seconds": round(elapsed),
+        "requests by kind": dict(led.sent),
+        "answers by status": dict(led.statuses),
+        "aborted (finish reason)": dict(led.aborted),
+        "dropped streams by policy": dict(led.dropped),
+        "bad inputs": f"{bad_4xx}/{len(led.bad)} got a 4xx",
+        "bad statuses": sorted(set(led.bad)),
+        "greedy identical": f"{identical}/{greedy_total}",
+        "errors": len(led.errors),
+        "policy changes": len(changes),
+        "alive after idle check": alive,
+        "steps": steps,
+        "decisions": decisions,
+        "overrides": overrides,
+        "policy errors": errors,
+    }
+    note(f"SGLang {VERSION}: traffic soak: {json.dumps(figures)}")
+
+    assert alive, log[-4000:]
+    assert not log_failures(log), log_failures(log)
+    assert led.errors == [], led.errors[:5]
+    assert bad_4xx == len(led.bad), sorted(set(led.bad))
+    assert {name for name, _ in led.bad} == {name for name, _ in BAD}, led.bad
+    assert identical == greedy_total > 0
+    kinds = {
+        "greedy",
+        "stop",
+        "logprob",
+        "sampled",
+        "n2",
+        "regex",
+        "abort",
+        "drop",
+        "bad",
+    }
+    assert kinds <= set(led.sent), led.sent
+    assert led.dropped.get("never", 0) > 0 or led.dropped.get("always", 0) > 0
+    # the counters add up: every decode step the gate saw ran once
+    assert steps["spec"] + steps["plain"] == (
+        decisions["spec"] + decisions["plain"] + errors + overrides.get("degraded", 0)
+    ), figures
+    assert steps["plain"] > 0 and steps["spec"] > 0, figures
+    assert errors == 0
+    assert after["plain_step_failures"] == before["plain_step_failures"]
+    assert after["internal_errors"] == before["internal_errors"]
+    assert view["ok"], view
