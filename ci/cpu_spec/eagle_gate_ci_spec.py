@@ -836,6 +836,27 @@ def _patch_eagle_info_v2_0_5_9(mod):
     _applied("eagle_info_v2 sampled verify -> torch top-k/top-p/chain sampling")
 
 
+def _patch_xgrammar_0_5_9(mod):
+    def apply_vocab_mask_cpu(logits, vocab_mask):
+        """CPU path of 0.5.9's grammar mask (``XGrammarGrammar.apply_vocab_mask``).
+
+        On CUDA it applies the grammar's token bitmask to the logits with
+        SGLang's Triton kernel ``apply_token_bitmask_inplace_triton``; on CPU
+        it calls ``self.apply_vocab_mask_cpu``, which 0.5.9 never defines
+        (AttributeError: any grammar-constrained request kills a CPU server).
+        This applies the same bitmask with xgrammar's own kernel, which runs
+        on CPU tensors (what 0.5.23's CPU branch calls): masked tokens' logits
+        become -inf, the others are untouched. Exact.
+        """
+        from xgrammar import apply_token_bitmask_inplace
+
+        _count("XGrammarGrammar.apply_vocab_mask_cpu")
+        apply_token_bitmask_inplace(logits, vocab_mask.to(logits.device))
+
+    mod.XGrammarGrammar.apply_vocab_mask_cpu = staticmethod(apply_vocab_mask_cpu)
+    _applied("xgrammar_backend: grammar bitmask on CPU -> xgrammar's CPU kernel")
+
+
 SAMPLING_OPS_0_5_9 = (
     top_k_renorm_prob,
     top_p_renorm_prob,
@@ -849,6 +870,7 @@ def _hooks_0_5_9() -> dict:
         "sglang.srt.speculative.eagle_utils": _patch_eagle_utils_0_5_9,
         "sglang.srt.speculative.eagle_info": _rebind_verify_0_5_9,
         "sglang.srt.speculative.eagle_info_v2": _patch_eagle_info_v2_0_5_9,
+        "sglang.srt.constrained.xgrammar_backend": _patch_xgrammar_0_5_9,
     }
 
 
