@@ -16,7 +16,9 @@ stretches alike.
 
 At the end: the server is alive; every request got a 200 or a 4xx (every bad
 input a 4xx; dropped streams get no answer by design); every greedy answer
-equals the server without speculation's; after a few idle seconds SGLang's
+equals the server without speculation's (on 0.5.9 a request with a stop
+string may run past it, as stock 0.5.9 EAGLE-3 does, see ``_ran_past_stop``;
+its tokens must still be the no-spec greedy ones); after a few idle seconds SGLang's
 strict idle memory check (on in this server: a leaked KV or request slot
 stops it) has found every slot free; and the gate's counters add up (decode
 steps run = policy decisions + policy errors + degraded steps, no policy
@@ -72,6 +74,18 @@ GREEDY = [
 ]
 SAMPLED_PROMPTS = ["A sampled request about", "Sampling with seeds", "Top p and top k"]
 
+#: the random mix: each kind up to its cumulative share
+MIX = [
+    ("greedy", 0.28),
+    ("stop", 0.37),
+    ("logprob", 0.46),
+    ("sampled", 0.62),
+    ("n2", 0.69),
+    ("regex", 0.76),
+    ("abort", 0.88),
+    ("drop", 1.0),
+]
+
 #: bad input: (name, body or raw bytes)
 BAD = [
     (
@@ -114,6 +128,18 @@ def _key(reply: dict) -> tuple:
     return tuple(reply["output_ids"]), reply["meta_info"]["finish_reason"]["type"]
 
 
+def _ran_past_stop(got: tuple, want: tuple, full: tuple) -> bool:
+    """SGLang 0.5.9 checks stop strings in a tail of ``stop length + 2``
+    tokens after each step, so a speculative step that commits more tokens
+    can carry a request past its stop string (0.5.23 widens the tail by the
+    tokens a step accepted); stock 0.5.9 EAGLE-3 servers do it without the
+    gate. Such an answer is still the no-spec greedy sequence: a prefix of
+    the request's answer without a stop, at least as long as the no-spec
+    answer with it."""
+    ids, _ = got
+    return full[0][: len(ids)] == ids and len(ids) >= len(want[0])
+
+
 @dataclass
 class Ledger:
     """Everything the soak sent and got back (thread-safe appends)."""
@@ -150,25 +176,10 @@ class Soak:
         with self.rng_lock:
             self.rid += 1
             r = self.rng.random()
-            return (
-                "greedy"
-                if r < 0.25
-                else "stop"
-                if r < 0.33
-                else "logprob"
-                if r < 0.41
-                else "sampled"
-                if r < 0.58
-                else "n2"
-                if r < 0.64
-                else "regex"
-                if r < 0.70
-                else "abort"
-                if r < 0.80
-                else "drop"
-                if r < 0.90
-                else "bad"
-            ), self.rid
+        for kind, upto in MIX:
+            if r < upto:
+                return kind, self.rid
+        return MIX[-1][0], self.rid
 
     def run_one(self) -> None:
         kind, n = self._draw()
@@ -222,14 +233,18 @@ class Soak:
             led.answer(kind, status, reply)
         elif kind == "abort":
             self._abort(n)
-        elif kind == "drop":
-            self._drop(n)
         else:
-            name, body = BAD[n % len(BAD)]
+            self._drop(n)
+
+    def bad_inputs(self) -> None:
+        """Every bad input, in turn, spread over the soak (twice over)."""
+        pause = SOAK_S / (2 * len(BAD) + 1)
+        for name, body in BAD * 2:
+            time.sleep(pause)
             status, reply = post(self.url, "/generate", body)
-            led.answer("bad", status, reply)
-            with led.lock:
-                led.bad.append((name, status))
+            self.ledger.answer("bad", status, reply)
+            with self.ledger.lock:
+                self.ledger.bad.append((name, status))
 
     def _abort(self, n: int) -> None:
         """A long request, aborted through SGLang's API mid-generation."""
@@ -328,11 +343,13 @@ def test_a_mixed_traffic_soak_leaves_the_gated_server_whole(
     soak = Soak(url, references["stops"])
     t0 = time.monotonic()
     soak.deadline = t0 + SOAK_S
-    with ThreadPoolExecutor(CLIENTS + 1) as pool:
+    with ThreadPoolExecutor(CLIENTS + 2) as pool:
         control = pool.submit(soak.controller)
+        bad = pool.submit(soak.bad_inputs)
         clients = [pool.submit(soak.client) for _ in range(CLIENTS)]
         for c in clients:
             c.result()
+        bad.result()
         changes = control.result()
     elapsed = time.monotonic() - t0
     led = soak.ledger
@@ -344,9 +361,21 @@ def test_a_mixed_traffic_soak_leaves_the_gated_server_whole(
     view = gate_status(url)
 
     greedy_total = len(led.greedy)
-    identical = sum(
-        key == references["answers"][(name, kind)] for name, kind, key in led.greedy
-    )
+    answers = references["answers"]
+    differ, past_stop = [], 0
+    for name, kind, key in led.greedy:
+        want = answers[(name, kind)]
+        if key == want:
+            continue
+        if (
+            kind == "stop"
+            and VERSION == "0.5.9"
+            and _ran_past_stop(key, want, answers[(name, "greedy")])
+        ):
+            past_stop += 1  # SGLang 0.5.9's own stop check under speculation
+            continue
+        differ.append((name, kind, key, want))
+    identical = greedy_total - len(differ) - past_stop
     bad_4xx = sum(400 <= s < 500 for _, s in led.bad)
     steps = {m: after["steps"][m] - before["steps"][m] for m in ("spec", "plain")}
     decisions = {
@@ -367,6 +396,7 @@ def test_a_mixed_traffic_soak_leaves_the_gated_server_whole(
         "bad inputs": f"{bad_4xx}/{len(led.bad)} got a 4xx",
         "bad statuses": sorted(set(led.bad)),
         "greedy identical": f"{identical}/{greedy_total}",
+        "stop requests past their stop (SGLang 0.5.9 spec)": past_stop,
         "errors": len(led.errors),
         "policy changes": len(changes),
         "alive after idle check": alive,
@@ -382,7 +412,7 @@ def test_a_mixed_traffic_soak_leaves_the_gated_server_whole(
     assert led.errors == [], led.errors[:5]
     assert bad_4xx == len(led.bad), sorted(set(led.bad))
     assert {name for name, _ in led.bad} == {name for name, _ in BAD}, led.bad
-    assert identical == greedy_total > 0
+    assert not differ and greedy_total > 0, differ
     kinds = {
         "greedy",
         "stop",
