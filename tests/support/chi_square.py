@@ -68,13 +68,15 @@ class ChiSquare:
     statistic: float
     dof: int
     p_value: float
-    #: the bins compared: (category or "pooled", count in a, count in b).
+    #: the bins compared: (category or "pooled", count in a, count in b);
+    #: for a stratified test, the strata that count.
     bins: tuple[tuple[object, int, int], ...]
+    unit: str = "bins"
 
     def summary(self) -> str:
         return (
             f"chi2 = {self.statistic:.2f}, dof = {self.dof}, p = {self.p_value:.3g} "
-            f"({len(self.bins)} bins)"
+            f"({len(self.bins)} {self.unit})"
         )
 
 
@@ -140,4 +142,4 @@ def stratified_homogeneity(
             dof += part.dof
             strata.append((s, len(by_a[s]), len(by_b[s])))
     p = chi2_sf(stat, dof) if dof else 1.0
-    return ChiSquare(stat, dof, p, tuple(strata))
+    return ChiSquare(stat, dof, p, tuple(strata), unit="strata")
