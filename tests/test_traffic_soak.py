@@ -23,6 +23,11 @@ strict idle memory check (on in this server: a leaked KV or request slot
 stops it) has found every slot free; and the gate's counters add up (decode
 steps run = policy decisions + policy errors + degraded steps, no policy
 error, no plain-step failure, no internal error).
+
+Then client disconnects on their own (item 5): eight streams dropped after
+one to five steps, beside two greedy requests, under PLAIN-every-step and
+then SPEC-every-step; the greedy answers stay the no-spec ones and the idle
+memory check finds nothing leaked.
 """
 
 from __future__ import annotations
@@ -140,6 +145,27 @@ def _ran_past_stop(got: tuple, want: tuple, full: tuple) -> bool:
     answer with it."""
     ids, _ = got
     return full[0][: len(ids)] == ids and len(ids) >= len(want[0])
+
+
+def drop_stream(url: str, body: dict, chunks: int) -> int:
+    """Stream ``body`` and disconnect after ``chunks`` data chunks (one per
+    scheduler step at SGLang's default stream interval), so SGLang aborts
+    the request while the overlap loop has a step of it in flight. Returns
+    the chunks read."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    conn.request(
+        "POST", "/generate", json.dumps(body), {"Content-Type": "application/json"}
+    )
+    response = conn.getresponse()
+    seen = 0
+    while seen < chunks:
+        line = response.readline()
+        if not line:
+            break
+        seen += line.startswith(b"data:")
+    conn.close()  # the client disconnects mid-generation
+    return seen
 
 
 @dataclass
@@ -264,20 +290,7 @@ class Soak:
 
     def _drop(self, n: int) -> None:
         """A streamed request whose client goes away after its first chunks."""
-        host, port = self.url.removeprefix("http://").split(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=120)
-        body = _greedy_body(f"drop me {n}", 200, stream=True)
-        conn.request(
-            "POST", "/generate", json.dumps(body), {"Content-Type": "application/json"}
-        )
-        response = conn.getresponse()
-        chunks = 0
-        while chunks < 2 + n % 3:
-            line = response.readline()
-            if not line:
-                break
-            chunks += line.startswith(b"data:")
-        conn.close()  # the client disconnects mid-generation
+        drop_stream(self.url, _greedy_body(f"drop me {n}", 200, stream=True), 2 + n % 3)
         with self.ledger.lock:
             self.ledger.sent["drop"] += 1
             self.ledger.dropped[self.policy] += 1
@@ -437,3 +450,56 @@ def test_a_mixed_traffic_soak_leaves_the_gated_server_whole(
     assert after["plain_step_failures"] == before["plain_step_failures"]
     assert after["internal_errors"] == before["internal_errors"]
     assert view["ok"], view
+
+
+#: item 5: disconnects per policy, and the chunks after which each drops.
+DROPS = 8
+
+
+def test_client_disconnects_mid_step_leak_nothing(traffic_servers, references):
+    """Streams dropped by their client after 1 to 5 steps, 8 at a time,
+    beside two greedy requests, with every step PLAIN and then every step
+    SPEC: the greedy answers are the no-spec ones, and once idle SGLang's
+    strict memory check finds every slot free (the server lives)."""
+    url = traffic_servers.gated.base_url
+    before = scheduler_status(url)
+    t0 = time.monotonic()
+    dropped = {}
+    for policy in ("never", "always"):
+        set_policy(url, policy)
+        keepers = GREEDY[:2]
+        with ThreadPoolExecutor(DROPS + len(keepers)) as pool:
+            kept = [
+                pool.submit(post, url, "/generate", _greedy_body(p, n))
+                for _, p, n in keepers
+            ]
+            drops = [
+                pool.submit(
+                    drop_stream,
+                    url,
+                    _greedy_body(f"{policy} drop {i}", 200, stream=True),
+                    1 + i % 5,
+                )
+                for i in range(DROPS)
+            ]
+            chunks = [d.result() for d in drops]
+            for (name, _, _), future in zip(keepers, kept, strict=True):
+                status, reply = future.result()
+                assert status == 200, reply
+                assert _key(reply) == references["answers"][(name, "greedy")], policy
+        dropped[policy] = chunks
+    set_policy(url, "goodput")
+    time.sleep(4.0)  # idle: SGLang's strict memory check runs
+    after = scheduler_status(url)
+    log = traffic_servers.gated.log()
+    note(
+        f"SGLang {VERSION}: client disconnects mid-step: {DROPS} per policy, "
+        f"chunks read before the drop {dropped}; server alive after the idle "
+        f"check: {health(url) == 200} ({time.monotonic() - t0:.0f} s)"
+    )
+    assert health(url) == 200, log[-4000:]
+    assert not log_failures(log), log_failures(log)
+    assert all(c >= 1 for chunks in dropped.values() for c in chunks), dropped
+    assert after["steps"]["plain"] > before["steps"]["plain"]
+    assert after["plain_step_failures"] == before["plain_step_failures"]
+    assert after["internal_errors"] == before["internal_errors"]
