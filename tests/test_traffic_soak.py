@@ -204,6 +204,8 @@ class Soak:
         with self.rng_lock:
             self.rid += 1
             r = self.rng.random()
+        if self.rid <= len(MIX):  # every kind once first, then the seeded mix
+            return MIX[self.rid - 1][0], self.rid
         for kind, upto in MIX:
             if r < upto:
                 return kind, self.rid
