@@ -9,7 +9,8 @@ hooks so every spawned SGLang process gets them too:
 * stand-ins for GPU kernels and GPU-only calls that SGLang's CPU code path
   reaches: torch versions of the ``sgl_kernel`` CPU ops (the CPU build of
   sgl_kernel is not on PyPI), and CPU paths where a kernel dispatcher has no
-  CPU branch;
+  CPU branch (0.5.9: the sampled verify's top-k / top-p renormalisation and
+  chain speculative sampling, so sampled requests serve; the grammar mask);
 * one logic fix for 0.5.23 (the verify tree-mask layout, see
   ``_cpu_tree_mask_mode``), because SGLang's CPU default is the layout of
   another attention backend than the one this CI serves with.
