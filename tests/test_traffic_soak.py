@@ -51,7 +51,7 @@ from support.traffic import generate_all, health, log_failures, post
 
 VERSION = sglang_env.version()
 #: the soak's length; ``EAGLE_GATE_SOAK_S`` runs a longer one by hand.
-SOAK_S = float(os.environ.get("EAGLE_GATE_SOAK_S", "60"))
+SOAK_S = float(os.environ.get("EAGLE_GATE_SOAK_S", "45"))
 CLIENTS = 6
 PHASE_S = 8.0
 SEED = 21
@@ -455,7 +455,7 @@ def test_a_mixed_traffic_soak_leaves_the_gated_server_whole(
 
 
 #: item 5: disconnects per policy, and the chunks after which each drops.
-DROPS = 8
+DROPS = 6
 
 
 def test_client_disconnects_mid_step_leak_nothing(traffic_servers, references):
