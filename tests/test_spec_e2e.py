@@ -698,7 +698,9 @@ def test_threshold_and_goodput_decide_on_a_live_server(reference, gated):
     assert len(decisions) >= 2, decisions
     assert all(d["decided"] in ("spec", "plain") for d in decisions), decisions
     estimates = after["estimates"]
-    assert estimates.get("batch_size", 0) >= 1, estimates
+    # the step-time lines were fitted on the batches it saw
+    seen = max(estimates.get(f"{m}_mean_batch", 0) for m in ("spec", "plain"))
+    assert seen >= 1, estimates
     assert {"accept_length", "explored_share"} <= set(estimates), estimates
 
 
@@ -718,7 +720,8 @@ def test_a_policy_that_raises_mid_run_changes_nothing(reference, gated):
 def test_status_and_metrics_show_both_modes(gated):
     operations_only(gated)
     record = scheduler_status(gated.base_url)
-    assert record["gated"] is True and record["state"] == "gating EAGLE3"
+    assert record["gated"] is True
+    assert record["state"].startswith("gating EAGLE3, 3 steps, topk 1"), record["state"]
     assert record["steps"]["spec"] > 0 and record["steps"]["plain"] > 0
     assert record["spec_accept_length"] > 1.0
     text = metrics_text(gated.base_url)

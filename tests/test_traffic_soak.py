@@ -442,7 +442,10 @@ def test_a_mixed_traffic_soak_leaves_the_gated_server_whole(
         "bad",
     }
     assert kinds <= set(led.sent), led.sent
-    assert led.dropped.get("never", 0) > 0 or led.dropped.get("always", 0) > 0
+    # which policy a dropped stream met depends on the soak's timing; drops
+    # under PLAIN-every-step and SPEC-every-step are asserted deterministically
+    # by test_client_disconnects_mid_step_leak_nothing below
+    assert sum(led.dropped.values()) > 0, led.dropped
     # the counters add up: every decode step the gate saw ran once
     assert steps["spec"] + steps["plain"] == (
         decisions["spec"] + decisions["plain"] + errors + overrides.get("degraded", 0)
