@@ -277,6 +277,20 @@ def build_tree_topk1(
         prefix += s
 
 
+def _check_chain(what, bs, n, retrive_next_token, retrive_next_sibling):
+    """Refuse what the topk-1 stand-ins cannot compute: a tree with siblings,
+    or draft tokens that are not the chain 0 -> 1 -> ... -> n-1. Returns
+    ``arange(n)`` (the chain's positions) for the caller's indexing."""
+    import torch
+
+    if bool((retrive_next_sibling[:bs, :n] != -1).any()):
+        raise NotImplementedError(f"{what} handles topk 1 chains only")
+    steps = torch.arange(n, device=retrive_next_token.device)
+    if not bool((retrive_next_token[:bs, : n - 1] == steps[1:]).all()):
+        raise NotImplementedError(f"{what}: draft tokens are not a chain")
+    return steps
+
+
 def verify_tree_greedy_topk1(
     predicts,
     accept_index,
@@ -309,11 +323,9 @@ def verify_tree_greedy_topk1(
     bs, n = candidates.shape
     if bs == 0:
         return
-    if bool((retrive_next_sibling[:bs, :n] != -1).any()):
-        raise NotImplementedError("CPU greedy verify handles topk 1 chains only")
-    steps = torch.arange(n, device=candidates.device)
-    if not bool((retrive_next_token[:bs, : n - 1] == steps[1:]).all()):
-        raise NotImplementedError("CPU greedy verify: draft tokens are not a chain")
+    steps = _check_chain(
+        "CPU greedy verify", bs, n, retrive_next_token, retrive_next_sibling
+    )
     levels = min(n, accept_index.shape[1]) - 1
     flat_target = target_predict.reshape(-1)
     ridx = retrive_index[:bs, : levels + 1].to(torch.int64)
@@ -638,11 +650,9 @@ def tree_speculative_sampling_target_only(
     bs, n = candidates.shape
     if bs == 0:
         return
-    if bool((retrive_next_sibling[:bs, :n] != -1).any()):
-        raise NotImplementedError("CPU speculative sampling handles topk 1 chains only")
-    steps = torch.arange(n, device=candidates.device)
-    if not bool((retrive_next_token[:bs, : n - 1] == steps[1:]).all()):
-        raise NotImplementedError("CPU speculative sampling: drafts are not a chain")
+    _check_chain(
+        "CPU speculative sampling", bs, n, retrive_next_token, retrive_next_sibling
+    )
     levels = accept_index.shape[1]
     vocab = target_probs.shape[-1]
     q = target_probs.reshape(bs, n, vocab)
