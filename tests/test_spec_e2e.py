@@ -41,6 +41,7 @@ from support.gated_server import (
     decision_records,
     generate,
     generate_many,
+    log_failures,
     metrics_text,
     scheduler_status,
     set_policy,
@@ -285,22 +286,6 @@ def gated(request, spec_models, test_plugins, tmp_path_factory):
         f"group took {time.monotonic() - t0:.0f} s"
     )
     assert not log_failures(log), log[-4000:]
-
-
-#: what must never show in a gated server's log (SGLang logs a harmless
-#: traceback at start on CPU, so tracebacks as such are not a signal).
-LOG_FAILURES = (
-    "memory leak detected",
-    "resolve without a fresh forward publish",
-    "eagle_gate: internal error",
-    "the plain step failed",
-    "DEGRADED",
-    "AssertionError",
-)
-
-
-def log_failures(text: str) -> list[str]:
-    return [marker for marker in LOG_FAILURES if marker in text]
 
 
 def ids(result: dict) -> list[int]:

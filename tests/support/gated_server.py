@@ -46,10 +46,32 @@ def with_pythonpath(env: dict[str, str], path: Path) -> dict[str, str]:
     return env
 
 
+#: what must never show in a gated server's log (SGLang logs a harmless
+#: traceback at start on CPU, so tracebacks as such are not a signal).
+LOG_FAILURES = (
+    "memory leak detected",
+    "resolve without a fresh forward publish",
+    "eagle_gate: internal error",
+    "the plain step failed",
+    "DEGRADED",
+    "AssertionError",
+)
+
+
+def log_failures(text: str, markers: Sequence[str] = LOG_FAILURES) -> list[str]:
+    """The ``markers`` found in a server log."""
+    return [marker for marker in markers if marker in text]
+
+
 def _request(
-    url: str, body: dict | None = None, *, timeout_s: float = 600.0
+    url: str, body: dict | bytes | None = None, *, timeout_s: float = 600.0
 ) -> tuple[int, dict | str]:
-    data = None if body is None else json.dumps(body).encode()
+    """GET (no body) or POST ``body`` (a dict as JSON, or raw bytes such as
+    malformed JSON); ``(status, reply)``, the reply parsed where it is JSON."""
+    if body is None or isinstance(body, bytes):
+        data = body
+    else:
+        data = json.dumps(body).encode()
     req = urllib.request.Request(
         url,
         data=data,

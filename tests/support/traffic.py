@@ -23,7 +23,6 @@ distribution test's deliberate fault; absent, nothing changes).
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 import urllib.error
 import urllib.request
@@ -34,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from support import gated_server
+
 #: the test files that share the pair, in the order they run (last).
 TRAFFIC_FILES = (
     "test_logprobs.py",
@@ -41,20 +42,13 @@ TRAFFIC_FILES = (
     "test_traffic_soak.py",
 )
 
-#: what must never show in the gated server's log.
-LOG_FAILURES = (
-    "memory leak detected",
-    "resolve without a fresh forward publish",
-    "eagle_gate: internal error",
-    "the plain step failed",
-    "DEGRADED",
-    "AssertionError",
-    "Scheduler hit an exception",
-)
+#: what must never show in the gated server's log: the e2e servers' markers,
+#: and SGLang's own scheduler failure (mixed traffic reaches its error paths).
+LOG_FAILURES = (*gated_server.LOG_FAILURES, "Scheduler hit an exception")
 
 
 def log_failures(text: str) -> list[str]:
-    return [marker for marker in LOG_FAILURES if marker in text]
+    return gated_server.log_failures(text, LOG_FAILURES)
 
 
 @dataclass
@@ -168,22 +162,7 @@ def post(
     base_url: str, path: str, body: dict | bytes, *, timeout_s: float = 600.0
 ) -> tuple[int, dict | str]:
     """POST ``body`` (a dict as JSON, or raw bytes); ``(status, reply)``."""
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(
-        f"{base_url}{path}",
-        data=data,
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            raw, status = r.read().decode(), r.status
-    except urllib.error.HTTPError as exc:
-        raw, status = exc.read().decode(), exc.code
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw
+    return gated_server._request(f"{base_url}{path}", body, timeout_s=timeout_s)
 
 
 def generate_all(
