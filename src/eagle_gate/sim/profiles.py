@@ -318,6 +318,20 @@ LONG_CONTEXT = Profile(
 )
 
 
+#: what the synthetic profiles (close calls, the crossover) share besides
+#: their step-time tables and traffic: no KV-length cost, a small measured
+#: resync and catch-up, a cheap prefill, room for 256 requests.
+_SYNTHETIC_COSTS: dict[str, Any] = {
+    "per_kv": 0.0,
+    "resync_fixed": 0.002,
+    "catchup_per_tok": 0.000002,
+    "catchup_cap": 64,
+    "prefill_fixed": 0.008,
+    "prefill_per_tok": 0.000005,
+    "max_running": 256,
+}
+
+
 def close_call_profile(gain: float) -> Profile:
     """A close call: SPEC's expected output rate is ``1 + gain`` times
     PLAIN's at every batch size (``gain`` of a few percent, either sign),
@@ -342,13 +356,7 @@ def close_call_profile(gain: float) -> Profile:
         num_draft_tokens=s + 1,
         plain_table=plain,
         spec_table=spec,
-        per_kv=0.0,
-        resync_fixed=0.002,
-        catchup_per_tok=0.000002,
-        catchup_cap=64,
-        prefill_fixed=0.008,
-        prefill_per_tok=0.000005,
-        max_running=256,
+        **_SYNTHETIC_COSTS,
         noise=0.12,
         client_gap_s=0.3,
         prompt_len=(200, 1200),
@@ -396,13 +404,7 @@ def crossover_profile(crossover: float = 16.0, steep: float = 0.25) -> Profile:
         num_draft_tokens=s + 1,
         plain_table=plain,
         spec_table=spec,
-        per_kv=0.0,
-        resync_fixed=0.002,
-        catchup_per_tok=0.000002,
-        catchup_cap=64,
-        prefill_fixed=0.008,
-        prefill_per_tok=0.000005,
-        max_running=256,
+        **_SYNTHETIC_COSTS,
         noise=0.05,
         client_gap_s=1.0,
         prompt_len=(200, 1200),
