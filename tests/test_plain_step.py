@@ -333,9 +333,9 @@ def test_lazy_buffer_is_reported_at_start_and_bounded(harness, adapter):
     from eagle_gate.config import GateConfig
 
     scheduler = types.SimpleNamespace(draft_worker=harness.worker)
-    server_args = types.SimpleNamespace(speculative_algorithm="EAGLE")
+    spec = types.SimpleNamespace(algorithm="EAGLE")  # as SGLang resolved it
     config = GateConfig("goodput", draft_sync="lazy", lazy_max_mib=64)
-    predicted = check_lazy_buffer(scheduler, server_args, config)
+    predicted = check_lazy_buffer(scheduler, spec, config)
     plain = adapter.plain.make_plain_step("lazy")
     batch = harness.prefill(PROMPTS[:1])
     harness.prepare_for_decode(batch)
@@ -353,7 +353,7 @@ def test_lazy_buffer_is_reported_at_start_and_bounded(harness, adapter):
     )
     with pytest.raises(GateRefused, match="lazy_max_mib=1"):
         check_lazy_buffer(
-            big_rows, types.SimpleNamespace(speculative_algorithm="EAGLE3"), tiny
+            big_rows, types.SimpleNamespace(algorithm="EAGLE3"), tiny
         )
 
 

@@ -115,7 +115,7 @@ def activate_scheduler(
             [adapter.SCHEDULER_MODULE, adapter.RESOLVER_MODULE]
         )
     if gated and config.plain_step and config.draft_sync == "lazy":
-        check_lazy_buffer(scheduler, server_args, config)
+        check_lazy_buffer(scheduler, spec, config)
     # through the module: CI's construct-without-capture build wraps it there
     graphs = capture.plain_graphs_for_scheduler(
         adapter.graphs, scheduler, config, gated=gated, tp_rank=tp_rank, tp_size=tp_size

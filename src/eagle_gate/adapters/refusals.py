@@ -140,12 +140,13 @@ def lazy_buffer_bytes(rows: int, width: int, hidden: int, dtype_bytes: int) -> i
     return rows * width * (hidden * dtype_bytes + 8)
 
 
-def check_lazy_buffer(scheduler: Any, server_args: Any, config: GateConfig) -> int:
+def check_lazy_buffer(scheduler: Any, spec: ResolvedSpec, config: GateConfig) -> int:
     """Report the lazy buffer's size at start and refuse it above the bound.
 
     The width the draft's hidden input has is the target's hidden size, three
     times it for EAGLE3 (its auxiliary layers), or the model config's
-    ``spec_hidden_size`` where the version has one.
+    ``spec_hidden_size`` where the version has one. The algorithm is the one
+    SGLang resolved (NEXTN runs as EAGLE: one layer's hidden state).
     """
     worker = scheduler.draft_worker
     rows = int(worker.req_to_token_pool.req_to_token.shape[0])
@@ -153,7 +154,7 @@ def check_lazy_buffer(scheduler: Any, server_args: Any, config: GateConfig) -> i
     model_config = worker.target_worker.model_config
     hidden = getattr(model_config, "spec_hidden_size", None)
     if not hidden:
-        aux = 3 if str(server_args.speculative_algorithm).upper() == "EAGLE3" else 1
+        aux = 3 if spec.algorithm == "EAGLE3" else 1
         hidden = aux * int(model_config.hidden_size)
     dtype_bytes = getattr(model_config.dtype, "itemsize", 2)
     size = lazy_buffer_bytes(rows, width, int(hidden), int(dtype_bytes))
