@@ -311,8 +311,12 @@ def test_a_status_directory_that_does_not_exist_yet_is_fine(capsys, tmp_path):
             DP_ATTENTION_REFUSAL,
         ),
         ([*CHAIN, "--pp-size", "2"], PP_REFUSAL),
-        # no shape flags: SGLang's auto-chosen Llama tree (5 steps, topk 4)
-        ([], "--speculative-eagle-topk 1 --speculative-num-draft-tokens 6"),
+        # no shape flags: SGLang's auto-chosen Llama tree (5 steps, topk 4),
+        # refused with lazy sync (0.5.23 gates it with eager: test below)
+        (
+            ["--gate-draft-sync", "lazy"],
+            "--speculative-eagle-topk 1 --speculative-num-draft-tokens 6",
+        ),
         ([*CHAIN, "--enable-multi-layer-eagle"], "multi-layer EAGLE"),
         pytest.param(
             [*CHAIN, "--speculative-use-rejection-sampling"]
@@ -347,6 +351,16 @@ def test_nextn_shows_as_the_eagle_sglang_runs(capsys):
     detail = by_name(report)["speculative flags"]["detail"]
     assert detail.startswith("gating EAGLE, 3 steps, topk 1, 4 draft tokens")
     assert "--speculative-algorithm NEXTN runs as EAGLE" in detail
+
+
+@pytest.mark.skipif(not PLUGIN_LOADER, reason="0.5.9 gates chain drafts only")
+def test_sglangs_own_tree_shows_as_gated_on_0_5_23(capsys):
+    """No shape flags on 0.5.23: SGLang's own tree, gated with eager sync."""
+    code, report = doctor(capsys, "--", *SPEC)
+    assert code == 0, failed(report)
+    detail = by_name(report)["speculative flags"]["detail"]
+    assert detail.startswith("gating EAGLE3, 5 steps, topk 4, 8 draft tokens"), detail
+    assert "draft shape chosen by SGLang" in detail
 
 
 def test_a_command_line_sglang_cannot_resolve(capsys, tmp_path):

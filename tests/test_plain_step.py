@@ -352,9 +352,7 @@ def test_lazy_buffer_is_reported_at_start_and_bounded(harness, adapter):
         )
     )
     with pytest.raises(GateRefused, match="lazy_max_mib=1"):
-        check_lazy_buffer(
-            big_rows, types.SimpleNamespace(algorithm="EAGLE3"), tiny
-        )
+        check_lazy_buffer(big_rows, types.SimpleNamespace(algorithm="EAGLE3"), tiny)
 
 
 def test_plain_step_keeps_seq_lens_alive_on_the_forward_stream(

@@ -3,13 +3,16 @@ EAGLE-3 command lines (the tiny target, the trained draft, the CPU
 speculative environment), to the point where the launch stops.
 
 * No shape flags: SGLang's auto-chooser gives the Llama target a draft tree
-  (5 steps, topk 4, 8 draft tokens) although the raw topk is None. The gate
-  refuses it before any model loads, saying what to pass instead.
+  (5 steps, topk 4, 8 draft tokens) although the raw topk is None. 0.5.9:
+  the gate refuses it before any model loads, saying what to pass instead.
+  0.5.23 gates it with eager draft sync (a real tree server:
+  ``tests/test_spec_e2e.py::test_sglangs_own_tree_is_gated_with_eager_sync``)
+  and refuses it the same way with lazy or none: launched here with
+  ``--gate-draft-sync lazy``.
 * NEXTN: resolved to EAGLE (not refused as an unknown algorithm); without
-  shape flags it is the same auto-chosen tree, refused the same way.
-* A given topk > 1: 0.5.23 resolves it and the gate refuses it with the same
-  message as the auto-chosen tree; 0.5.9's spec v2 refuses it itself while
-  resolving.
+  shape flags it is the same auto-chosen tree, judged the same way.
+* A given topk > 1: 0.5.23 resolves it and judges it like the auto-chosen
+  tree; 0.5.9's spec v2 refuses it itself while resolving.
 
 Cost: each launch stops after SGLang's argument resolution (no model loads),
 about 10-25 s on two cores.
@@ -31,9 +34,9 @@ SHAPE = (
 )
 CHOSEN_BY_SGLANG = "SGLang chose this shape itself"
 WHAT_TO_PASS = (
-    "Pass --speculative-num-steps 5 --speculative-eagle-topk 1 "
+    "ass --speculative-num-steps 5 --speculative-eagle-topk 1 "
     "--speculative-num-draft-tokens 6"
-)
+)  # "Pass ..." or "..., or pass ..."
 
 
 def without_shape(args: list[str]) -> list[str]:
@@ -48,6 +51,22 @@ def with_flag(args: list[str], flag: str, value: str) -> list[str]:
     out = list(args)
     out[out.index(flag) + 1] = value
     return out
+
+
+#: what stops a tree at launch: on 0.5.23 lazy draft sync (eager is gated),
+#: on 0.5.9 the tree itself.
+TREE_STOP = ["--gate-draft-sync", "lazy"] if VERSION == "0.5.23" else []
+WHY_REFUSED = (
+    "--gate-draft-sync lazy was asked"
+    if VERSION == "0.5.23"
+    else "draft trees on SGLang 0.5.23 only"
+)
+
+
+def tree_args(target, draft, *gate_args: str) -> list[str]:
+    return spec_server_args(
+        target, draft, free_port(), launcher="gate", gate_args=[*TREE_STOP, *gate_args]
+    )
 
 
 def launch_until_refused(args: list[str]) -> str:
@@ -65,20 +84,20 @@ def launch_until_refused(args: list[str]) -> str:
     return text
 
 
-def test_no_shape_flags_sglangs_own_tree_is_refused_on_purpose(spec_models):
+def test_no_shape_flags_sglangs_own_tree_is_judged_on_purpose(spec_models):
     target, draft = spec_models
-    args = without_shape(spec_server_args(target, draft, free_port(), launcher="gate"))
-    text = launch_until_refused(args)
+    text = launch_until_refused(without_shape(tree_args(target, draft)))
     assert (
         "eagle_gate: SGLang resolved speculation: EAGLE3, 5 steps, topk 4, "
         "8 draft tokens" in text
     ), text[-3000:]
     assert CHOSEN_BY_SGLANG in text and WHAT_TO_PASS in text, text[-3000:]
+    assert WHY_REFUSED in text, text[-3000:]
 
 
 def test_nextn_is_resolved_to_eagle_not_refused_as_unknown(spec_models):
     target, draft = spec_models
-    args = spec_server_args(target, draft, free_port(), launcher="gate")
+    args = tree_args(target, draft)
     args = without_shape(with_flag(args, "--speculative-algorithm", "NEXTN"))
     text = launch_until_refused(args)
     assert "is not handled by eagle_gate" not in text, text[-3000:]
@@ -86,9 +105,9 @@ def test_nextn_is_resolved_to_eagle_not_refused_as_unknown(spec_models):
     assert CHOSEN_BY_SGLANG in text and WHAT_TO_PASS in text, text[-3000:]
 
 
-def test_a_given_topk_2_is_refused(spec_models):
+def test_a_given_topk_2_is_judged_like_sglangs_own_tree(spec_models):
     target, draft = spec_models
-    args = spec_server_args(target, draft, free_port(), launcher="gate")
+    args = tree_args(target, draft)
     text = launch_until_refused(with_flag(args, "--speculative-eagle-topk", "2"))
     if VERSION == "0.5.9":  # SGLang's own spec v2 check, while resolving
         assert "only supports topk = 1" in text, text[-3000:]
@@ -96,3 +115,4 @@ def test_a_given_topk_2_is_refused(spec_models):
         assert "SGLang would run a draft tree (3 steps, topk 2" in text, text[-3000:]
         assert "as resolved from the command line" in text, text[-3000:]
         assert "--speculative-eagle-topk 1" in text, text[-3000:]
+        assert WHY_REFUSED in text, text[-3000:]

@@ -19,11 +19,11 @@ import pytest
 import sglang_env
 
 from eagle_gate import adapters
-from eagle_gate.adapters.activation import check_built_worker
 from eagle_gate.adapters.refusals import (
     DP_ATTENTION_REFUSAL,
     MULTI_LAYER_REFUSAL,
     GateRefused,
+    check_built_worker,
 )
 from eagle_gate.adapters.resolved import ResolvedSpec
 
@@ -32,6 +32,8 @@ ADAPTER = sglang_env.adapter()
 ENV = {"SGLANG_ENABLE_SPEC_V2": "1"}
 ON_0_5_23 = pytest.mark.skipif(VERSION != "0.5.23", reason="SGLang 0.5.23 only")
 ON_0_5_9 = pytest.mark.skipif(VERSION != "0.5.9", reason="SGLang 0.5.9 only")
+#: the gate's draft-sync settings, and None (no plain step)
+TREE_SYNCS = ("eager", "lazy", "none", None)
 
 #: a tiny Llama config: what SGLang's resolution reads of a checkpoint.
 LLAMA = {
@@ -83,27 +85,40 @@ def sglang_auto_shape(server_args) -> tuple[int, int, int]:
 def test_no_shape_flags_read_sglangs_auto_chosen_tree(llama):
     """A Llama target with an EAGLE-3 draft and no shape flags: both versions
     pick 5 steps, topk 4, 8 draft tokens. The view says so (the raw topk is
-    None), and the gate refuses that tree, saying what to pass instead."""
+    None). 0.5.23 gates that tree with eager draft sync (measured exact,
+    scripts/measure_tree_draft.py) and refuses it with lazy or none; 0.5.9
+    refuses it whatever the sync. Each refusal says what to pass instead."""
     server_args, spec = resolve(llama, "--speculative-algorithm", "EAGLE3")
     assert (spec.num_steps, spec.topk, spec.num_draft_tokens) == (5, 4, 8)
     assert (5, 4, 8) == sglang_auto_shape(server_args)
     assert spec.shape_auto and spec.algorithm == "EAGLE3"
-    with pytest.raises(GateRefused) as refused:
-        ADAPTER.check_spec(spec, ENV)
-    message = str(refused.value)
-    assert "5 steps, topk 4, 8 draft tokens" in message
-    assert "SGLang chose this shape itself" in message
-    assert (
-        "--speculative-num-steps 5 --speculative-eagle-topk 1 "
-        "--speculative-num-draft-tokens 6" in message
-    )
-    # ... and what it says to pass is a shape SGLang resolves to a gated chain.
+    refused_syncs = ("lazy", "none") if VERSION == "0.5.23" else TREE_SYNCS
+    for sync in refused_syncs:
+        with pytest.raises(GateRefused) as refused:
+            ADAPTER.check_spec(spec, ENV, draft_sync=sync)
+        message = str(refused.value)
+        assert "5 steps, topk 4, 8 draft tokens" in message
+        assert "SGLang chose this shape itself" in message
+        assert (
+            "--speculative-num-steps 5 --speculative-eagle-topk 1 "
+            "--speculative-num-draft-tokens 6" in message
+        )
+        if VERSION == "0.5.23":
+            assert f"--gate-draft-sync {sync} was asked" in message, message
+        else:
+            assert "draft trees on SGLang 0.5.23 only" in message, message
+    if VERSION == "0.5.23":
+        for sync in ("eager", None):  # None: no plain step (SPEC only)
+            gated, state = ADAPTER.check_spec(spec, ENV, draft_sync=sync)
+            assert gated and state.startswith("gating EAGLE3, 5 steps, topk 4"), state
+    # ... and the chain it says to pass is a shape SGLang resolves to a gated chain.
     _, fixed = resolve(
         llama,
         *("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "5"),
         *("--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "6"),
     )
-    assert ADAPTER.check_spec(fixed, ENV)[0] is True
+    for sync in TREE_SYNCS:
+        assert ADAPTER.check_spec(fixed, ENV, draft_sync=sync)[0] is True
 
 
 def test_nextn_is_gated_as_the_eagle_it_becomes(llama):
@@ -118,23 +133,26 @@ def test_nextn_is_gated_as_the_eagle_it_becomes(llama):
     assert gated and state.startswith("gating EAGLE, 3 steps, topk 1, 4 draft tokens")
 
 
-def test_nextn_without_shape_flags_is_the_same_refused_tree(llama):
+def test_nextn_without_shape_flags_is_the_same_tree(llama):
     _, spec = resolve(llama, "--speculative-algorithm", "NEXTN")
     assert (spec.algorithm, spec.topk) == ("EAGLE", 4)
     with pytest.raises(GateRefused, match="SGLang chose this shape itself"):
-        ADAPTER.check_spec(spec, ENV)
+        ADAPTER.check_spec(spec, ENV, draft_sync="lazy")
+    if VERSION == "0.5.23":
+        assert ADAPTER.check_spec(spec, ENV, draft_sync="eager")[0] is True
 
 
 @ON_0_5_23
-def test_an_explicit_topk_4_gets_the_same_refusal_as_the_auto_chosen_one(llama):
+def test_an_explicit_topk_4_is_judged_like_the_auto_chosen_one(llama):
     _, spec = resolve(
         llama,
         *("--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3"),
         *("--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "6"),
     )
     assert (spec.topk, spec.shape_auto) == (4, False)
+    assert ADAPTER.check_spec(spec, ENV, draft_sync="eager")[0] is True
     with pytest.raises(GateRefused, match="--speculative-eagle-topk 1") as refused:
-        ADAPTER.check_spec(spec, ENV)
+        ADAPTER.check_spec(spec, ENV, draft_sync="none")
     assert "as resolved from the command line" in str(refused.value)
 
 
@@ -163,8 +181,9 @@ def test_multi_layer_eagle_is_read_resolved_and_refused(llama):
 
 def test_the_worker_sglang_built_is_judged_too():
     """Activation reads the draft worker SGLang built beside the view: the
-    multi-layer worker (not an EAGLEWorkerV2 subclass) and a tree-shaped
-    EAGLEWorkerV2 are refused; a chain EAGLEWorkerV2 passes."""
+    multi-layer worker (not an EAGLEWorkerV2 subclass) is refused, and so is
+    an EAGLEWorkerV2 whose topk is not the view's (what was judged is not
+    what runs); one that agrees with the view passes, chain or tree."""
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
     from sglang.srt.speculative.multi_layer_eagle_worker_v2 import (
         MultiLayerEagleWorkerV2,
@@ -177,11 +196,14 @@ def test_the_worker_sglang_built_is_judged_too():
     assert str(refused.value) == MULTI_LAYER_REFUSAL
     tree = EAGLEWorkerV2.__new__(EAGLEWorkerV2)
     tree.topk = 4
-    with pytest.raises(GateRefused, match="topk 4"):
+    with pytest.raises(GateRefused, match="built a draft worker with topk 4"):
         check_built_worker(tree, spec, "hint")
+    check_built_worker(tree, ResolvedSpec("EAGLE3", 5, 4, 8), "hint")
     chain = EAGLEWorkerV2.__new__(EAGLEWorkerV2)
     chain.topk = 1
     check_built_worker(chain, spec, "hint")
+    with pytest.raises(GateRefused, match="built a draft worker with topk 1"):
+        check_built_worker(chain, ResolvedSpec("EAGLE3", 5, 4, 8), "hint")
     with pytest.raises(GateRefused, match="SGLang built SimpleNamespace"):
         check_built_worker(types.SimpleNamespace(), spec, "hint")
 
@@ -206,7 +228,7 @@ def test_adaptive_is_refused_only_while_sglang_keeps_it_on(llama):
     assert not off.adaptive
     assert "--speculative-adaptive switched off" in off.decided_by_sglang
     with pytest.raises(GateRefused, match="draft tree"):
-        ADAPTER.check_spec(off, ENV)
+        ADAPTER.check_spec(off, ENV, draft_sync="lazy")
 
 
 CHAIN = ("--speculative-num-steps", "2", "--speculative-eagle-topk", "1")

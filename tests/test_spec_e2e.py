@@ -930,6 +930,69 @@ def test_real_speculative_launch_is_refused(
     assert message in text, text[-3000:]
 
 
+# -- SGLang's own draft tree, gated (#22) ----------------------------------------
+#: what the gated tree server answers: 4 of the draft-state prompts (their
+#: reference is computed anyway), through PLAIN stretches of 1, 2 and 4 steps
+TREE_REQUESTS = 4
+TREE_NEW = 24
+TREE_PATTERN = "s2,p1,s2,p2,s1,p4"
+
+
+@pytest.mark.skipif(VERSION != "0.5.23", reason="0.5.9 gates chain drafts only")
+def test_sglangs_own_tree_is_gated_with_eager_sync(
+    reference, spec_models, test_plugins, tmp_path
+):
+    """The default 0.5.23 launch of a Llama target with an EAGLE-3 draft: no
+    shape flags, so SGLang chooses a draft tree (5 steps, topk 4, 8 draft
+    tokens). The gate gates it with eager draft sync (the tree's draft state
+    was measured exact across PLAIN stretches: scripts/measure_tree_draft.py,
+    docs/compatibility.md): switching between the tree's SPEC steps and
+    PLAIN stretches, the answers are the no-spec server's, one draft extend
+    runs per plain step, and the status shows the tree SGLang resolved."""
+    target, draft = spec_models
+    t0 = time.monotonic()
+    port = free_port()
+    shape = {
+        "--speculative-num-steps",
+        "--speculative-eagle-topk",
+        "--speculative-num-draft-tokens",
+    }
+    gate_args = [
+        "--gate-policy", "schedule", "--gate-set", f"pattern={TREE_PATTERN}",
+        "--gate-status-dir", str(tmp_path / "status"),
+    ]  # fmt: skip
+    args = spec_server_args(target, draft, port, launcher="gate", gate_args=gate_args)
+    args = [
+        a for i, a in enumerate(args) if a not in shape and args[i - 1] not in shape
+    ]
+    extra = {"EAGLE_GATE_OPS_INTERVAL_S": "0.2", "SGLANG_IS_IN_CI": "1"}
+    env = with_pythonpath(spec_server_env(launcher="gate", **extra), test_plugins)
+    requests = [(p, TREE_NEW) for p in DRAFT_PROMPTS[:TREE_REQUESTS]]
+    with running_server(
+        args, port, env, tmp_path / "server.log", ready_timeout_s=400
+    ) as srv:
+        before = scheduler_status(srv.base_url)
+        results = generate_many(srv.base_url, requests)
+        after = scheduler_status(srv.base_url)
+        log = srv.log_path.read_text(errors="replace")
+    for i, result in enumerate(results):
+        assert ids(result) == ids(reference[f"draft-{i}"])[:TREE_NEW], i
+    spec = after["speculative"]
+    assert (spec["num_steps"], spec["topk"], spec["num_draft_tokens"]) == (5, 4, 8)
+    assert "draft shape chosen by SGLang" in " ".join(spec["decided_by_sglang"])
+    assert after["state"].startswith("gating EAGLE3, 5 steps, topk 4"), after["state"]
+    plain = after["steps"]["plain"] - before["steps"]["plain"]
+    assert plain > 0 and after["steps"]["spec"] > before["steps"]["spec"], after
+    extends = after["draft_extend_path"]["eager"] - before["draft_extend_path"]["eager"]
+    assert extends == plain
+    assert after["plain_step_failures"] == 0 and after["internal_errors"] == 0
+    assert not log_failures(log), log[-4000:]
+    note(
+        f"SGLang {VERSION}: SGLang's own tree (5/4/8) gated, {plain} plain steps, "
+        f"{time.monotonic() - t0:.0f} s"
+    )
+
+
 # -- acceptance seen from PLAIN steps (StepOutcome.draft_matches, #23) ----------
 MATCH_PROMPTS = [
     [1] + [(53 * i + 7 * k) % 900 + 4 for k in range(20)] for i in range(8)

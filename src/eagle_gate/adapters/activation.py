@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from eagle_gate.adapters import parallel
@@ -23,10 +23,8 @@ from eagle_gate.adapters.plain import capture
 from eagle_gate.adapters.plain.graphs import PlainGraphs
 from eagle_gate.adapters.plain.step import PlainStep
 from eagle_gate.adapters.refusals import (
-    MULTI_LAYER_REFUSAL,
-    GateRefused,
+    check_built_worker,
     check_lazy_buffer,
-    tree_refusal,
 )
 from eagle_gate.adapters.resolved import ResolvedSpec
 from eagle_gate.config import GateConfig, config_from_environment
@@ -48,7 +46,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("eagle_gate")
 
-__all__ = ["ProcessInfo", "activate", "activate_scheduler", "check_built_worker"]
+__all__ = ["ProcessInfo", "activate", "activate_scheduler"]
 
 
 @dataclass(frozen=True)
@@ -67,23 +65,6 @@ class ProcessInfo:
     spec: ResolvedSpec | None = None
     #: the version fixes applied in this process (the adapter's ``fixes``).
     fixes: tuple[str, ...] = ()
-
-
-def check_built_worker(worker: Any, spec: ResolvedSpec, worker_hint: str) -> None:
-    """Judge the draft worker SGLang actually built, beside the resolved view:
-    multi-layer EAGLE shows as ``MultiLayerEagleWorkerV2`` (not a subclass of
-    ``EAGLEWorkerV2``), a draft tree as the worker's ``topk``."""
-    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-
-    if type(worker).__name__ == "MultiLayerEagleWorkerV2":
-        raise GateRefused(MULTI_LAYER_REFUSAL)
-    if not isinstance(worker, EAGLEWorkerV2):
-        raise GateRefused(
-            f"SGLang built {type(worker).__name__}, not EAGLEWorkerV2; {worker_hint}"
-        )
-    topk = getattr(worker, "topk", 1)
-    if isinstance(topk, int) and topk > 1:
-        raise GateRefused(tree_refusal(replace(spec, topk=topk)))
 
 
 def activate_scheduler(

@@ -24,6 +24,7 @@ __all__ = [
     "MULTI_LAYER_REFUSAL",
     "tree_refusal",
     "check_speculation",
+    "check_built_worker",
     "check_lazy_buffer",
     "lazy_buffer_bytes",
 ]
@@ -63,9 +64,11 @@ MULTI_LAYER_REFUSAL = (
 )
 
 
-def tree_refusal(spec: ResolvedSpec) -> str:
+def tree_refusal(spec: ResolvedSpec, *, draft_sync: str | None = None) -> str:
     """Why a draft tree (topk > 1) is refused, and what to pass instead,
-    whichever way the topk was chosen (given, or SGLang's own choice)."""
+    whichever way the topk was chosen (given, or SGLang's own choice).
+    ``draft_sync``: the setting that blocks a tree the version could gate
+    (lazy, none), or None where the version gates no trees."""
     steps = spec.num_steps or 3
     how = (
         "SGLang chose this shape itself because no --speculative-num-steps / "
@@ -73,13 +76,26 @@ def tree_refusal(spec: ResolvedSpec) -> str:
         if spec.shape_auto
         else "as resolved from the command line"
     )
-    return (
-        f"SGLang would run a draft tree ({spec.shape()}; {how}), and eagle_gate "
-        "gates chain drafts only (topk 1): its plain step hands the next verify "
-        "one draft token per request, and that a tree's draft state stays exact "
-        "across PLAIN stretches has not been measured. Pass "
+    chain = (
         f"--speculative-num-steps {steps} --speculative-eagle-topk 1 "
-        f"--speculative-num-draft-tokens {steps + 1}, or launch without eagle_gate"
+        f"--speculative-num-draft-tokens {steps + 1}"
+    )
+    if draft_sync is not None:
+        why = (
+            f"--gate-draft-sync {draft_sync} was asked: eagle_gate gates draft "
+            "trees with eager draft sync only, the sync measured to keep a tree's "
+            "draft state exact across PLAIN stretches "
+            "(scripts/measure_tree_draft.py). Use --gate-draft-sync eager, or pass "
+        )
+    else:
+        why = (
+            "eagle_gate gates draft trees on SGLang 0.5.23 only (measured exact "
+            "there with eager draft sync); on this version it gates chain drafts "
+            "(topk 1). Pass "
+        )
+    return (
+        f"SGLang would run a draft tree ({spec.shape()}; {how}), and {why}{chain}, "
+        "or launch without eagle_gate"
     )
 
 
@@ -88,12 +104,14 @@ def check_speculation(
     *,
     extra_refusals: Sequence[tuple[bool, str]] = (),
     draft_sync: str | None = None,
+    gates_trees: bool = False,
 ) -> tuple[bool, str]:
     """Decide what the gate does with the speculative setup SGLang resolved.
 
     Returns ``(gated, state)``. Raises GateRefused for speculative setups the
     gate does not handle in any SGLang version (other algorithms, multi-layer
-    EAGLE, a draft tree wider than topk 1 however it was chosen,
+    EAGLE, a draft tree (topk > 1) however it was chosen where the version
+    does not gate trees (``gates_trees``) or the draft sync is not eager,
     data-parallel attention, pipeline parallelism, rejection sampling
     without eager draft sync), because passing them through silently would
     leave an operator believing the gate is at work, or would break the
@@ -101,7 +119,8 @@ def check_speculation(
     NEXTN is gated as the EAGLE it becomes, an auto-chosen tree is refused
     like a given one). ``extra_refusals``: the version's own ``(refused,
     reason)`` pairs. ``draft_sync``: the gate's setting (None: no plain step,
-    or not known here).
+    or not known here). ``gates_trees``: the version's plain step was measured
+    to keep a draft tree exact with eager sync (SGLang 0.5.23).
     """
     if not spec.speculating:
         return False, "idle: speculation is off, every step is SGLang's own"
@@ -131,8 +150,34 @@ def check_speculation(
             "Use --gate-draft-sync eager (the default), which keeps it exact"
         )
     if spec.topk is not None and spec.topk > 1:
-        raise GateRefused(tree_refusal(spec))
+        if not gates_trees:
+            raise GateRefused(tree_refusal(spec))
+        if draft_sync not in (None, "eager"):
+            raise GateRefused(tree_refusal(spec, draft_sync=draft_sync))
     return True, f"gating {spec.describe()}"
+
+
+def check_built_worker(worker: Any, spec: ResolvedSpec, worker_hint: str) -> None:
+    """Judge the draft worker SGLang actually built, beside the resolved view:
+    multi-layer EAGLE shows as ``MultiLayerEagleWorkerV2`` (not a subclass of
+    ``EAGLEWorkerV2``); a worker whose ``topk`` is not the view's means the
+    view misread SGLang, and what was judged is not what runs."""
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    if type(worker).__name__ == "MultiLayerEagleWorkerV2":
+        raise GateRefused(MULTI_LAYER_REFUSAL)
+    if not isinstance(worker, EAGLEWorkerV2):
+        raise GateRefused(
+            f"SGLang built {type(worker).__name__}, not EAGLEWorkerV2; {worker_hint}"
+        )
+    topk = getattr(worker, "topk", 1)
+    if isinstance(topk, int) and topk != (spec.topk or 1):
+        raise GateRefused(
+            f"SGLang built a draft worker with topk {topk}, but its resolved "
+            f"setup read topk {spec.topk} ({spec.describe()}); eagle_gate judged "
+            "the latter and stops rather than gate what it did not judge; launch "
+            "without eagle_gate and report this with `eagle-gate doctor`'s output"
+        )
 
 
 def lazy_buffer_bytes(rows: int, width: int, hidden: int, dtype_bytes: int) -> int:

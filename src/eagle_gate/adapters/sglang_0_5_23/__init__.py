@@ -75,7 +75,10 @@ def check_spec(
     SGLang's own resolution (:func:`resolve.resolve_spec`): NEXTN as the EAGLE
     it becomes, the shape ``_auto_choose_speculative_params`` picked, adaptive
     speculation only when SGLang kept it on, the attention-DP width and
-    rejection-sampling default SGLang settled on."""
+    rejection-sampling default SGLang settled on. Draft trees (SGLang's own
+    choice for Llama targets) are gated with eager draft sync: their draft
+    state was measured exact across PLAIN stretches
+    (scripts/measure_tree_draft.py, docs/compatibility.md)."""
     return check_speculation(
         spec,
         extra_refusals=[
@@ -86,6 +89,7 @@ def check_spec(
             ),
         ],
         draft_sync=draft_sync,
+        gates_trees=True,
     )
 
 
