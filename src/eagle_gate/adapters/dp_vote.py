@@ -1,0 +1,122 @@
+"""DP attention: every rank runs the same mode in the same step (issue #24).
+
+Under data-parallel attention each rank's MLP all-gathers are sized by every
+rank's request count times the rank's *own* per-request token width (draft:
+topk, verify: draft tokens, draft extend: its stride; PLAIN: 1). A rank in
+PLAIN and another in SPEC would disagree on those sizes (a hang or mixed
+activations) and run different sequences of collectives. So the ranks vote,
+and all of them run what the vote says.
+
+The vote rides on the MLP-sync gather SGLang already runs before every batch
+(``prepare_mlp_sync_batch``: one int64 row per rank over the TP group, on
+the CPU group under overlap scheduling): one column more, 8 bytes per rank,
+no collective of its own. Each rank puts its vote in its row:
+
+* ``IDLE`` (0): no decode batch here (none, idle, prebuilt);
+* ``WANTS_PLAIN`` (1): a decode batch whose policy chose PLAIN, and the
+  plain step can serve it (no blocker);
+* ``WANTS_SPEC`` (2): anything else that runs a batch: SPEC chosen, a
+  blocker, an extend batch, a rank whose gate is off or degraded.
+
+Every rank reads the same gathered column and computes the same mode with
+:func:`agreed_mode`: PLAIN only when every non-idle rank voted PLAIN. Each DP
+rank's policy stays its own (its own batches, its own timings); the TP
+agreement keeps the attention-TP ranks of one DP rank together as before.
+
+This module is the protocol only (no SGLang, no torch): each version's
+adapter puts the column into its gather and reads it back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from eagle_gate.policy import Mode
+
+__all__ = ["IDLE", "WANTS_PLAIN", "WANTS_SPEC", "agreed_mode", "DPVote"]
+
+IDLE = 0
+WANTS_PLAIN = 1
+WANTS_SPEC = 2
+_VOTES = (IDLE, WANTS_PLAIN, WANTS_SPEC)
+
+
+def agreed_mode(votes: Iterable[int]) -> Mode | None:
+    """The mode every rank runs, from every rank's vote: None when no rank
+    has a decode batch (nothing to decide), PLAIN when every rank with a
+    batch voted PLAIN, else SPEC. A value outside the protocol counts as
+    SPEC (SGLang's stock step, which every rank can run)."""
+    busy = plain = 0
+    for vote in votes:
+        if vote == IDLE:
+            continue
+        busy += 1
+        plain += vote == WANTS_PLAIN
+    if not busy:
+        return None
+    return Mode.PLAIN if plain == busy else Mode.SPEC
+
+
+class DPVote:
+    """One scheduler process's vote, from the gather to the step it governs.
+
+    ``cast`` before the gather (the local vote goes into the row), ``settle``
+    after it (every rank's votes in, the agreed mode out), ``take`` in the
+    worker, for the batch the scheduler runs right after its gather. The
+    scheduler thread runs these in that order for every batch, so one slot
+    is enough; ``take`` empties it, and a batch that finds it empty (no
+    gather ran: a path without MLP sync) runs SGLang's stock step.
+    """
+
+    __slots__ = ("local", "mode", "local_mode", "step", "disagreements")
+
+    def __init__(self) -> None:
+        #: this rank's vote for the coming gather.
+        self.local = IDLE
+        #: the agreed mode for the coming batch (None: not settled / none).
+        self.mode: Mode | None = None
+        #: what this rank's gate decided for it, and the step it counted.
+        self.local_mode: Mode | None = None
+        self.step = -1
+        #: steps where this rank wanted PLAIN and another rank did not.
+        self.disagreements = 0
+
+    def cast(self, local_mode: Mode | None, step: int = -1, busy: bool = True) -> int:
+        """Record this rank's decision for its coming batch and return its
+        vote: ``local_mode`` None with ``busy`` means a batch the gate does
+        not decide (extend, gate off): SPEC; not ``busy``: idle."""
+        self.local_mode = local_mode
+        self.step = step
+        self.mode = None
+        if not busy:
+            vote = IDLE
+        elif local_mode is Mode.PLAIN:
+            vote = WANTS_PLAIN
+        else:
+            vote = WANTS_SPEC
+        self.local = vote
+        return vote
+
+    def settle(self, votes: Iterable[int]) -> Mode | None:
+        """Every rank's votes (the gathered column, in rank order): the mode
+        all of them run."""
+        mode = agreed_mode(votes)
+        if self.local == WANTS_PLAIN and mode is not Mode.PLAIN:
+            self.disagreements += 1
+        self.mode = mode
+        return mode
+
+    def take(self) -> tuple[Mode | None, Mode | None, int]:
+        """``(agreed mode, this rank's own decision, its step)`` for the
+        batch about to run, once; the slot is empty afterwards."""
+        out = (self.mode, self.local_mode, self.step)
+        self.mode = self.local_mode = None
+        self.local = IDLE
+        self.step = -1
+        return out
+
+    @staticmethod
+    def check(vote: int) -> int:
+        if vote not in _VOTES:
+            raise ValueError(f"DP vote {vote!r}: expected one of {_VOTES}")
+        return vote

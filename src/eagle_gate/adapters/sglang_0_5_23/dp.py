@@ -1,0 +1,93 @@
+"""SGLang 0.5.23's MLP-sync gather carries the DP vote (issue #24,
+:mod:`eagle_gate.adapters.dp_vote`).
+
+0.5.23 builds each rank's row in ``MLPSyncBatchInfo._get_local_tensor``
+(``managers/scheduler_components/dp_attn.py``), sizes the gathered tensor
+from that row (``info_width = local_info_tensor.numel()`` in ``all_gather``),
+fills inactive ranks from ``_get_fallback_tensor``, and reads the eleven
+columns it knows by index from ``tp0_info_cpu`` (attention-TP rank 0 of each
+DP rank). So a twelfth column, appended to both rows, travels through
+SGLang's own gather unchanged, and no other reader notices it.
+
+The two rows are rebuilt here with the vote in the same ``torch.tensor``
+call (no allocation beyond stock's); ``ROW_FIELDS`` is 0.5.23's column
+order, and ``tests/test_dp_vote.py`` checks the rebuilt rows against
+SGLang's own, column for column, so a drift fails there.
+
+Not wired in yet: DP attention is still refused until the worker side (the
+agreed mode in the worker, idle ranks' PLAIN steps) is done; the gather
+itself is tested with two gloo processes driving SGLang's real
+``MLPSyncBatchInfo.all_gather``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eagle_gate.adapters.dp_vote import DPVote
+
+__all__ = ["ROW_FIELDS", "VOTE", "local_row", "fallback_row", "settle_after_gather"]
+
+#: 0.5.23's row, in its column order (``_get_local_tensor``).
+ROW_FIELDS = (
+    "num_tokens",
+    "num_tokens_for_logprob",
+    "can_run_decode_cuda_graph",
+    "is_extend_in_batch",
+    "local_can_run_tbo",
+    "local_forward_mode",
+    "can_run_prefill_cuda_graph",
+    "prefill_cuda_graph_max_prefix_len",
+    "can_run_draft_cuda_graph",
+    "is_health_check",
+    "attention_pairs",
+)
+
+#: this scheduler process's vote (one per process: one scheduler thread).
+VOTE = DPVote()
+
+
+def local_row(info: Any, device: Any, dtype: Any = None) -> Any:
+    """``MLPSyncBatchInfo._get_local_tensor`` with this rank's vote appended."""
+    import torch
+
+    return torch.tensor(
+        [
+            info.num_tokens,
+            info.num_tokens_for_logprob,
+            int(info.can_run_decode_cuda_graph),
+            int(info.is_extend_in_batch),
+            int(info.local_can_run_tbo),
+            info.local_forward_mode,
+            int(info.can_run_prefill_cuda_graph),
+            info.prefill_cuda_graph_max_prefix_len,
+            int(info.can_run_draft_cuda_graph),
+            int(info.is_health_check),
+            info.attention_pairs,
+            VOTE.local,
+        ],
+        device=device,
+        dtype=dtype or torch.int64,
+    )
+
+
+def fallback_row(info: Any, device: Any, dtype: Any = None) -> Any:
+    """``MLPSyncBatchInfo._get_fallback_tensor`` with an idle vote appended
+    (an inactive rank runs nothing)."""
+    import torch
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return torch.tensor(
+        [0, 0, 1, 0, 1, ForwardMode.IDLE.value, 0, 0, 1, 0, 0, 0],
+        device=device,
+        dtype=dtype or torch.int64,
+    )
+
+
+def settle_after_gather(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    """Around ``MLPSyncBatchInfo.all_gather``: SGLang's gather, then every
+    rank's vote read from the gathered rows (the last column of
+    ``tp0_info_cpu``, already on the CPU) and settled into the agreed mode."""
+    out = wrapped(*args, **kwargs)
+    VOTE.settle(instance.tp0_info_cpu[:, len(ROW_FIELDS)].tolist())
+    return out

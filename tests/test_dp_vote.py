@@ -1,0 +1,156 @@
+"""The DP-attention vote (#24, groundwork): the protocol
+(``eagle_gate.adapters.dp_vote``), and on 0.5.23 the vote riding on SGLang's
+own MLP-sync gather (``adapters/sglang_0_5_23/dp.py``), driven through
+SGLang's real ``MLPSyncBatchInfo.all_gather`` by two gloo processes whose
+policies decide differently step by step.
+
+DP attention is still refused at launch: the worker side (the agreed mode in
+the worker, idle ranks' PLAIN steps) is not built yet.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sglang_env
+from support.two_ranks import run_ranks
+
+from eagle_gate.adapters.dp_vote import (
+    IDLE,
+    WANTS_PLAIN,
+    WANTS_SPEC,
+    DPVote,
+    agreed_mode,
+)
+from eagle_gate.policy import Mode
+
+ON_0_5_23 = pytest.mark.skipif(
+    sglang_env.version() != "0.5.23", reason="0.5.23's gather (0.5.9's: to come)"
+)
+
+
+@pytest.mark.parametrize(
+    ("votes", "mode"),
+    [
+        ([IDLE, IDLE], None),  # nothing to decide
+        ([WANTS_PLAIN, WANTS_PLAIN], Mode.PLAIN),
+        ([WANTS_PLAIN, IDLE], Mode.PLAIN),  # an idle rank follows
+        ([IDLE, WANTS_PLAIN, WANTS_PLAIN, IDLE], Mode.PLAIN),
+        ([WANTS_PLAIN, WANTS_SPEC], Mode.SPEC),  # one SPEC rank: all SPEC
+        ([WANTS_SPEC, IDLE], Mode.SPEC),
+        ([WANTS_PLAIN, 7], Mode.SPEC),  # outside the protocol: stock
+    ],
+)
+def test_the_agreed_mode(votes, mode):
+    assert agreed_mode(votes) is mode
+
+
+def test_a_vote_lives_from_its_gather_to_its_step():
+    vote = DPVote()
+    assert vote.cast(Mode.PLAIN, step=4) == WANTS_PLAIN
+    assert vote.settle([WANTS_PLAIN, WANTS_SPEC]) is Mode.SPEC
+    assert vote.disagreements == 1
+    assert vote.take() == (Mode.SPEC, Mode.PLAIN, 4)
+    # taken once: a batch without a gather finds nothing (stock step)
+    assert vote.take() == (None, None, -1) and vote.local == IDLE
+    assert vote.cast(None, busy=True) == WANTS_SPEC  # an extend, gate off
+    assert vote.cast(Mode.PLAIN, busy=False) == IDLE
+    with pytest.raises(ValueError, match="expected one of"):
+        DPVote.check(3)
+
+
+def _info(**overrides):
+    from sglang.srt.managers.scheduler_components.dp_attn import MLPSyncBatchInfo
+
+    values = dict(
+        num_dp_ranks=2, tp_size=1, cp_size=1, num_tokens=5, num_tokens_for_logprob=6,
+        can_run_decode_cuda_graph=True, can_run_draft_cuda_graph=False,
+        can_run_prefill_cuda_graph=True, is_extend_in_batch=False,
+        local_can_run_tbo=True, local_forward_mode=2,
+        prefill_cuda_graph_max_prefix_len=9, is_health_check=True, attention_pairs=11,
+    )  # fmt: skip
+    values.update(overrides)
+    return MLPSyncBatchInfo(**values)
+
+
+@ON_0_5_23
+def test_the_rows_are_sglangs_own_plus_the_vote():
+    """Column for column against SGLang's own rows: a drift of 0.5.23's row
+    layout fails here, not in a server."""
+    from eagle_gate.adapters.sglang_0_5_23 import dp
+
+    dp.VOTE.cast(Mode.PLAIN, step=1)
+    info = _info()
+    row = dp.local_row(info, "cpu")
+    assert row[:-1].tolist() == info._get_local_tensor("cpu").tolist()
+    assert row[-1].item() == WANTS_PLAIN and len(dp.ROW_FIELDS) == row.numel() - 1
+    fallback = dp.fallback_row(info, "cpu")
+    assert fallback[:-1].tolist() == info._get_fallback_tensor("cpu").tolist()
+    assert fallback[-1].item() == IDLE
+    dp.VOTE.take()
+
+
+TWO_DP_RANKS = r"""
+import datetime, json, sys, types
+import torch, torch.distributed as dist
+import wrapt
+from sglang.srt.managers.scheduler_components import dp_attn
+from eagle_gate.adapters.sglang_0_5_23 import dp
+from eagle_gate.policy import Mode
+
+rank, init, with_vote = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=30))
+group = dist.new_group([0, 1], backend="gloo")
+# what all_gather reads of SGLang's parallel state on the CPU path
+tp = types.SimpleNamespace(active_ranks_cpu=torch.ones(2, dtype=torch.int32))
+dp_attn.get_parallel = lambda: types.SimpleNamespace(tp_group=tp)
+if with_vote:
+    dp_attn.MLPSyncBatchInfo._get_local_tensor = dp.local_row
+    dp_attn.MLPSyncBatchInfo._get_fallback_tensor = dp.fallback_row
+    wrapt.wrap_function_wrapper(dp_attn.MLPSyncBatchInfo, "all_gather",
+                                dp.settle_after_gather)
+# each rank's own decisions: P(LAIN), S(PEC), -: no batch here
+plan = ["PPSP-P-", "PSPP--P"][rank]
+modes, tokens = [], []
+for step, c in enumerate(plan):
+    busy = c != "-"
+    local = Mode.PLAIN if c == "P" else Mode.SPEC
+    dp.VOTE.cast(local if busy else None, step, busy=busy)
+    n = 3 + rank if busy else 0
+    info = dp_attn.MLPSyncBatchInfo(
+        num_dp_ranks=2, tp_size=1, cp_size=1, num_tokens=n,
+        num_tokens_for_logprob=n, can_run_decode_cuda_graph=True,
+        can_run_draft_cuda_graph=True, can_run_prefill_cuda_graph=False,
+        is_extend_in_batch=False, local_can_run_tbo=False,
+        local_forward_mode=2 if busy else 0)
+    info.all_gather(device="cpu", group=group)
+    agreed, mine, _ = dp.VOTE.take()
+    ran = agreed if with_vote else (mine if busy else None)
+    modes.append({None: "-", Mode.PLAIN: "P", Mode.SPEC: "S"}[ran])
+    tokens.append(info.global_num_tokens)
+print(json.dumps({"rank": rank, "modes": "".join(modes), "tokens": tokens,
+                  "disagreements": dp.VOTE.disagreements}))
+dist.destroy_process_group()
+"""
+
+
+@ON_0_5_23
+@pytest.mark.parametrize("with_vote", [True, False], ids=["vote", "no-vote"])
+def test_two_dp_ranks_run_the_same_mode_every_step(tmp_path, with_vote):
+    """Two DP ranks decide differently at most steps (rank 0: ``PPSP-P-``,
+    rank 1: ``PSPP--P``; ``-``: no batch). With the vote in SGLang's real
+    gather both run, step by step, PLAIN only where every rank with a batch
+    wanted it: ``PSSP-PP``, and SGLang's own columns arrive as before (each
+    rank's token count). Without the vote (the negative control) each rank
+    runs its own choice and the sequences differ: what would hang or mix
+    activations in a real DP-attention server."""
+    r0, r1 = run_ranks(tmp_path, TWO_DP_RANKS, "1" if with_vote else "0", timeout_s=180)
+    busy = {"P", "S"}
+    assert r0["tokens"] == r1["tokens"]
+    for step, (a, b) in enumerate(zip("PPSP-P-", "PSPP--P", strict=True)):
+        assert r0["tokens"][step] == [3 if a in busy else 0, 4 if b in busy else 0]
+    if with_vote:
+        assert r0["modes"] == r1["modes"] == "PSSP-PP"
+        assert (r0["disagreements"], r1["disagreements"]) == (1, 1)
+    else:
+        assert r0["modes"] != r1["modes"]
