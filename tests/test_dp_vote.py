@@ -1,8 +1,9 @@
 """The DP-attention vote (#24, groundwork): the protocol
-(``eagle_gate.adapters.dp_vote``), and on 0.5.23 the vote riding on SGLang's
-own MLP-sync gather (``adapters/sglang_0_5_23/dp.py``), driven through
-SGLang's real ``MLPSyncBatchInfo.all_gather`` by two gloo processes whose
-policies decide differently step by step.
+(``eagle_gate.adapters.dp_vote``), and the vote riding on each version's
+MLP-sync gather (``adapters/sglang_*/dp.py``: 0.5.23's own
+``MLPSyncBatchInfo.all_gather`` with a wider row, 0.5.9's replaced at the
+row's width), driven by two gloo processes whose policies decide
+differently step by step.
 
 DP attention is still refused at launch: the worker side (the agreed mode in
 the worker, idle ranks' PLAIN steps) is not built yet.
@@ -23,9 +24,7 @@ from eagle_gate.adapters.dp_vote import (
 )
 from eagle_gate.policy import Mode
 
-ON_0_5_23 = pytest.mark.skipif(
-    sglang_env.version() != "0.5.23", reason="0.5.23's gather (0.5.9's: to come)"
-)
+VERSION = sglang_env.version()
 
 
 @pytest.mark.parametrize(
@@ -59,25 +58,41 @@ def test_a_vote_lives_from_its_gather_to_its_step():
 
 
 def _info(**overrides):
-    from sglang.srt.managers.scheduler_components.dp_attn import MLPSyncBatchInfo
+    if VERSION == "0.5.9":
+        from sglang.srt.managers.scheduler_dp_attn_mixin import MLPSyncBatchInfo
 
-    values = dict(
-        num_dp_ranks=2, tp_size=1, cp_size=1, num_tokens=5, num_tokens_for_logprob=6,
-        can_run_decode_cuda_graph=True, can_run_draft_cuda_graph=False,
-        can_run_prefill_cuda_graph=True, is_extend_in_batch=False,
-        local_can_run_tbo=True, local_forward_mode=2,
-        prefill_cuda_graph_max_prefix_len=9, is_health_check=True, attention_pairs=11,
-    )  # fmt: skip
+        values = dict(
+            dp_size=2, tp_size=1, cp_size=1, num_tokens=5, num_tokens_for_logprob=6,
+            can_cuda_graph=True, is_extend_in_batch=False, local_can_run_tbo=True,
+            local_forward_mode=2,
+        )  # fmt: skip
+    else:
+        from sglang.srt.managers.scheduler_components.dp_attn import MLPSyncBatchInfo
+
+        values = dict(
+            num_dp_ranks=2, tp_size=1, cp_size=1, num_tokens=5,
+            num_tokens_for_logprob=6, can_run_decode_cuda_graph=True,
+            can_run_draft_cuda_graph=False, can_run_prefill_cuda_graph=True,
+            is_extend_in_batch=False, local_can_run_tbo=True, local_forward_mode=2,
+            prefill_cuda_graph_max_prefix_len=9, is_health_check=True,
+            attention_pairs=11,
+        )  # fmt: skip
     values.update(overrides)
     return MLPSyncBatchInfo(**values)
 
 
-@ON_0_5_23
-def test_the_rows_are_sglangs_own_plus_the_vote():
-    """Column for column against SGLang's own rows: a drift of 0.5.23's row
-    layout fails here, not in a server."""
-    from eagle_gate.adapters.sglang_0_5_23 import dp
+def _dp_module():
+    if VERSION == "0.5.9":
+        from eagle_gate.adapters.sglang_0_5_9 import dp
+    else:
+        from eagle_gate.adapters.sglang_0_5_23 import dp
+    return dp
 
+
+def test_the_rows_are_sglangs_own_plus_the_vote():
+    """Column for column against SGLang's own rows: a drift of the version's
+    row layout fails here, not in a server."""
+    dp = _dp_module()
     dp.VOTE.cast(Mode.PLAIN, step=1)
     info = _info()
     row = dp.local_row(info, "cpu")
@@ -93,22 +108,35 @@ TWO_DP_RANKS = r"""
 import datetime, json, sys, types
 import torch, torch.distributed as dist
 import wrapt
-from sglang.srt.managers.scheduler_components import dp_attn
-from eagle_gate.adapters.sglang_0_5_23 import dp
 from eagle_gate.policy import Mode
 
 rank, init, with_vote = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
+version = sys.argv[4]
 dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
                         timeout=datetime.timedelta(seconds=30))
 group = dist.new_group([0, 1], backend="gloo")
 # what all_gather reads of SGLang's parallel state on the CPU path
 tp = types.SimpleNamespace(active_ranks_cpu=torch.ones(2, dtype=torch.int32))
-dp_attn.get_parallel = lambda: types.SimpleNamespace(tp_group=tp)
-if with_vote:
-    dp_attn.MLPSyncBatchInfo._get_local_tensor = dp.local_row
-    dp_attn.MLPSyncBatchInfo._get_fallback_tensor = dp.fallback_row
-    wrapt.wrap_function_wrapper(dp_attn.MLPSyncBatchInfo, "all_gather",
-                                dp.settle_after_gather)
+if version == "0.5.9":
+    from sglang.srt.managers import scheduler_dp_attn_mixin as sgl
+    from eagle_gate.adapters.sglang_0_5_9 import dp
+    sgl.get_tp_group = lambda: tp
+    sizes = dict(dp_size=2, tp_size=1, cp_size=1)
+    flags = dict(can_cuda_graph=True)
+    if with_vote:
+        sgl.MLPSyncBatchInfo.all_gather = dp.all_gather
+else:
+    from sglang.srt.managers.scheduler_components import dp_attn as sgl
+    from eagle_gate.adapters.sglang_0_5_23 import dp
+    sgl.get_parallel = lambda: types.SimpleNamespace(tp_group=tp)
+    sizes = dict(num_dp_ranks=2, tp_size=1, cp_size=1)
+    flags = dict(can_run_decode_cuda_graph=True, can_run_draft_cuda_graph=True,
+                 can_run_prefill_cuda_graph=False)
+    if with_vote:
+        sgl.MLPSyncBatchInfo._get_local_tensor = dp.local_row
+        sgl.MLPSyncBatchInfo._get_fallback_tensor = dp.fallback_row
+        wrapt.wrap_function_wrapper(sgl.MLPSyncBatchInfo, "all_gather",
+                                    dp.settle_after_gather)
 # each rank's own decisions: P(LAIN), S(PEC), -: no batch here
 plan = ["PPSP-P-", "PSPP--P"][rank]
 modes, tokens = [], []
@@ -117,10 +145,8 @@ for step, c in enumerate(plan):
     local = Mode.PLAIN if c == "P" else Mode.SPEC
     dp.VOTE.cast(local if busy else None, step, busy=busy)
     n = 3 + rank if busy else 0
-    info = dp_attn.MLPSyncBatchInfo(
-        num_dp_ranks=2, tp_size=1, cp_size=1, num_tokens=n,
-        num_tokens_for_logprob=n, can_run_decode_cuda_graph=True,
-        can_run_draft_cuda_graph=True, can_run_prefill_cuda_graph=False,
+    info = sgl.MLPSyncBatchInfo(
+        **sizes, **flags, num_tokens=n, num_tokens_for_logprob=n,
         is_extend_in_batch=False, local_can_run_tbo=False,
         local_forward_mode=2 if busy else 0)
     info.all_gather(device="cpu", group=group)
@@ -134,7 +160,6 @@ dist.destroy_process_group()
 """
 
 
-@ON_0_5_23
 @pytest.mark.parametrize("with_vote", [True, False], ids=["vote", "no-vote"])
 def test_two_dp_ranks_run_the_same_mode_every_step(tmp_path, with_vote):
     """Two DP ranks decide differently at most steps (rank 0: ``PPSP-P-``,
@@ -144,7 +169,8 @@ def test_two_dp_ranks_run_the_same_mode_every_step(tmp_path, with_vote):
     rank's token count). Without the vote (the negative control) each rank
     runs its own choice and the sequences differ: what would hang or mix
     activations in a real DP-attention server."""
-    r0, r1 = run_ranks(tmp_path, TWO_DP_RANKS, "1" if with_vote else "0", timeout_s=180)
+    vote = "1" if with_vote else "0"
+    r0, r1 = run_ranks(tmp_path, TWO_DP_RANKS, vote, VERSION, timeout_s=180)
     busy = {"P", "S"}
     assert r0["tokens"] == r1["tokens"]
     for step, (a, b) in enumerate(zip("PPSP-P-", "PSPP--P", strict=True)):
