@@ -30,10 +30,11 @@ adapter puts the column into its gather and reads it back.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from eagle_gate.policy import Mode
 
-__all__ = ["IDLE", "WANTS_PLAIN", "WANTS_SPEC", "agreed_mode", "DPVote"]
+__all__ = ["IDLE", "WANTS_PLAIN", "WANTS_SPEC", "agreed_mode", "DPVote", "row"]
 
 IDLE = 0
 WANTS_PLAIN = 1
@@ -120,3 +121,11 @@ class DPVote:
         if vote not in _VOTES:
             raise ValueError(f"DP vote {vote!r}: expected one of {_VOTES}")
         return vote
+
+
+def row(values: list, device: Any, dtype: Any = None) -> Any:
+    """A gather row as the versions build theirs: one int64 ``torch.tensor``
+    call (the vote costs no allocation beyond stock's)."""
+    import torch
+
+    return torch.tensor(values, device=device, dtype=dtype or torch.int64)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle_gate.adapters.dp_vote import DPVote
+from eagle_gate.adapters.dp_vote import DPVote, row
 
 __all__ = ["ROW_FIELDS", "VOTE", "local_row", "fallback_row", "settle_after_gather"]
 
@@ -43,15 +43,13 @@ ROW_FIELDS = (
     "attention_pairs",
 )
 
-#: this scheduler process's vote (one per process: one scheduler thread).
+#: the vote of this scheduler process (one scheduler thread per process).
 VOTE = DPVote()
 
 
 def local_row(info: Any, device: Any, dtype: Any = None) -> Any:
-    """``MLPSyncBatchInfo._get_local_tensor`` with this rank's vote appended."""
-    import torch
-
-    return torch.tensor(
+    """0.5.23's ``_get_local_tensor``, this rank's vote in a 12th column."""
+    return row(
         [
             info.num_tokens,
             info.num_tokens_for_logprob,
@@ -66,22 +64,16 @@ def local_row(info: Any, device: Any, dtype: Any = None) -> Any:
             info.attention_pairs,
             VOTE.local,
         ],
-        device=device,
-        dtype=dtype or torch.int64,
+        device,
+        dtype,
     )
 
 
 def fallback_row(info: Any, device: Any, dtype: Any = None) -> Any:
-    """``MLPSyncBatchInfo._get_fallback_tensor`` with an idle vote appended
-    (an inactive rank runs nothing)."""
-    import torch
+    """0.5.23's ``_get_fallback_tensor`` (an inactive rank), voting idle."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    return torch.tensor(
-        [0, 0, 1, 0, 1, ForwardMode.IDLE.value, 0, 0, 1, 0, 0, 0],
-        device=device,
-        dtype=dtype or torch.int64,
-    )
+    return row([0, 0, 1, 0, 1, ForwardMode.IDLE.value, 0, 0, 1, 0, 0, 0], device, dtype)
 
 
 def settle_after_gather(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:

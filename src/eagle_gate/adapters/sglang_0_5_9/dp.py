@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eagle_gate.adapters.dp_vote import DPVote
+from eagle_gate.adapters.dp_vote import DPVote, row
 
 __all__ = ["ROW_FIELDS", "VOTE", "local_row", "fallback_row", "all_gather"]
 
@@ -31,15 +31,19 @@ ROW_FIELDS = (
 )
 WIDTH = len(ROW_FIELDS) + 1
 
-#: this scheduler process's vote.
-VOTE = DPVote()
+VOTE = DPVote()  # this scheduler process's
+
+
+def fallback_row(info: Any, device: Any, dtype: Any = None) -> Any:
+    """0.5.9's ``_get_fallback_tensor`` (an inactive rank), voting idle."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return row([0, 0, 1, 0, 1, ForwardMode.IDLE.value, 0], device, dtype)
 
 
 def local_row(info: Any, device: Any, dtype: Any = None) -> Any:
-    """``MLPSyncBatchInfo._get_local_tensor`` with this rank's vote appended."""
-    import torch
-
-    return torch.tensor(
+    """0.5.9's ``_get_local_tensor``, this rank's vote in a 7th column."""
+    return row(
         [
             info.num_tokens,
             info.num_tokens_for_logprob,
@@ -49,20 +53,8 @@ def local_row(info: Any, device: Any, dtype: Any = None) -> Any:
             info.local_forward_mode,
             VOTE.local,
         ],
-        device=device,
-        dtype=dtype or torch.int64,
-    )
-
-
-def fallback_row(info: Any, device: Any, dtype: Any = None) -> Any:
-    """``MLPSyncBatchInfo._get_fallback_tensor`` with an idle vote appended."""
-    import torch
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    return torch.tensor(
-        [0, 0, 1, 0, 1, ForwardMode.IDLE.value, 0],
-        device=device,
-        dtype=dtype or torch.int64,
+        device,
+        dtype,
     )
 
 
