@@ -82,23 +82,37 @@ def make_worker_wrapper(batch_param: str) -> Callable:
         except Exception as exc:
             runtime.count_internal_error("inspecting the batch", exc)
             return wrapped(*args, **kwargs)
-        if not decode:
+        vote = runtime.dp_vote
+        if vote is not None:
+            # DP attention: the mode was voted on at SGLang's MLP-sync gather
+            # (adapters/dp_vote.py); every rank runs the agreed one.
+            agreed, decided, step = vote.take()
+            if not decode or decided is None or agreed is None:
+                return wrapped(*args, **kwargs)  # idle, extend, or no vote
+            try:
+                mode = runtime.record_agreed(step, batch.seq_lens.shape[0], agreed)
+            except Exception as exc:
+                runtime.count_internal_error("recording the DP vote", exc)
+                mode = agreed
+        elif not decode:
             return wrapped(*args, **kwargs)
-        try:
-            # 0.5.23 may leave seq_lens_cpu / seq_lens_sum None (backends
-            # without CPU lengths, after filter/merge): the view then sums
-            # seq_lens_cpu or estimates from reqs, only if a policy reads it.
-            # PLAIN comes back only when the plain step can serve the batch.
-            mode, step = runtime.decide(
-                batch.seq_lens.shape[0],
-                batch.seq_lens_sum,
-                batch.seq_lens_cpu,
-                getattr(batch, "reqs", None),
-                batch,
-            )
-        except Exception as exc:
-            runtime.count_internal_error("deciding", exc)
-            return wrapped(*args, **kwargs)
+        else:
+            try:
+                # 0.5.23 may leave seq_lens_cpu / seq_lens_sum None (backends
+                # without CPU lengths, after filter/merge): the view then sums
+                # seq_lens_cpu or estimates from reqs, only if a policy reads
+                # it. PLAIN comes back only when the plain step can serve the
+                # batch.
+                mode, step = runtime.decide(
+                    batch.seq_lens.shape[0],
+                    batch.seq_lens_sum,
+                    batch.seq_lens_cpu,
+                    getattr(batch, "reqs", None),
+                    batch,
+                )
+            except Exception as exc:
+                runtime.count_internal_error("deciding", exc)
+                return wrapped(*args, **kwargs)
         plain = runtime.plain_step
         if mode is Mode.PLAIN:
             # A failing plain step runs SGLang's stock step instead (counted;
