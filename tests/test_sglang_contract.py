@@ -124,18 +124,19 @@ def test_a_patch_that_cannot_apply_stops_instrumentation():
     [
         ({"algorithm": "NGRAM"}, "NGRAM .*is not handled"),
         ({"multi_layer": True}, "multi-layer EAGLE"),
+        # a draft tree with lazy sync (0.5.23 gates trees with eager sync only)
         ({"topk": 4, "num_draft_tokens": 8}, "--speculative-eagle-topk 1"),
     ],
 )
 def test_setups_no_version_handles_are_refused(adapter, fields, message):
     """Judged on the resolved view (tests/test_resolved_view.py checks that
-    view against each version's own resolution)."""
+    view against each version's own resolution), with lazy draft sync."""
     from eagle_gate.adapters.resolved import ResolvedSpec
 
     spec = ResolvedSpec(**{"algorithm": "EAGLE3", "num_steps": 3, "topk": 1, **fields})
     env = {"SGLANG_ENABLE_SPEC_V2": "1"}
     with pytest.raises(adapters.GateRefused, match=message):
-        adapter.check_spec(spec, environ=env)
+        adapter.check_spec(spec, environ=env, draft_sync="lazy")
     ok = ResolvedSpec("EAGLE3", 3, 1, 4)
     gated, state = adapter.check_spec(ok, environ=env)
     assert gated and state.startswith("gating EAGLE3, 3 steps, topk 1, 4 draft tokens")
