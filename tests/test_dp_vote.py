@@ -183,3 +183,38 @@ def test_two_dp_ranks_run_the_same_mode_every_step(tmp_path, with_vote):
         assert (r0["disagreements"], r1["disagreements"]) == (2, 2)
     else:
         assert r0["modes"] != r1["modes"]
+
+
+def test_what_the_gate_refuses_under_dp_attention(monkeypatch):
+    """Where a version gates DP attention (``dp.GATES_DP_ATTENTION``): eager
+    and none sync are gated, lazy is refused (its catch-up extends run on
+    some ranks only), and so are the version's own ways around the gather
+    (0.5.9: no gather at all; 0.5.23: its DP spec/prefill coordination).
+    Where it does not, the DP-attention refusal stands."""
+    from eagle_gate.adapters import refusals
+    from eagle_gate.adapters.resolved import ResolvedSpec
+
+    adapter = sglang_env.adapter()
+    dp = _dp_module()
+    spec = ResolvedSpec("EAGLE3", 3, 1, 4, attn_dp_size=2, dp_size=2)
+    env = {"SGLANG_ENABLE_SPEC_V2": "1"}
+    monkeypatch.setattr(dp, "GATES_DP_ATTENTION", False)
+    with pytest.raises(refusals.GateRefused) as refused:
+        adapter.check_spec(spec, env, draft_sync="eager")
+    assert str(refused.value) == refusals.DP_ATTENTION_REFUSAL
+    monkeypatch.setattr(dp, "GATES_DP_ATTENTION", True)
+    for sync in ("eager", "none", None):
+        assert adapter.check_spec(spec, env, draft_sync=sync)[0] is True
+    with pytest.raises(refusals.GateRefused) as refused:
+        adapter.check_spec(spec, env, draft_sync="lazy")
+    assert str(refused.value) == refusals.DP_LAZY_REFUSAL
+    switch = (
+        "SGLANG_SCHEDULER_SKIP_ALL_GATHER"
+        if VERSION == "0.5.9"
+        else "SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION"
+    )
+    with pytest.raises(refusals.GateRefused, match=f"{switch}=1 with data-parallel"):
+        adapter.check_spec(spec, {**env, switch: "1"}, draft_sync="eager")
+    # without DP attention the switch is none of the gate's business
+    chain = ResolvedSpec("EAGLE3", 3, 1, 4)
+    assert adapter.check_spec(chain, {**env, switch: "1"}, draft_sync="eager")[0]

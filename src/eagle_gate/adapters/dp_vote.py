@@ -149,7 +149,7 @@ def cast_for(vote: DPVote, runtime: Any, batch: Any) -> int:
         fm = batch.forward_mode
         if fm.is_idle() or (hasattr(fm, "is_prebuilt") and fm.is_prebuilt()):
             return vote.cast(None, busy=False)
-        if runtime is None or not fm.is_decode():
+        if runtime is None or runtime.dp_vote is not vote or not fm.is_decode():
             return vote.cast(None, busy=True)
         mode, step = runtime.decide(
             batch.seq_lens.shape[0],
@@ -164,3 +164,11 @@ def cast_for(vote: DPVote, runtime: Any, batch: Any) -> int:
             runtime.count_internal_error("casting the DP vote", exc)
         return vote.cast(None, busy=True)
     return vote.cast(mode, step)
+
+
+def env_on(environ: Any, name: str) -> bool:
+    """An SGLang boolean environment switch, read as SGLang reads it."""
+    import os
+
+    env = os.environ if environ is None else environ
+    return str(env.get(name, "")).strip().lower() in {"1", "true", "yes", "on"}

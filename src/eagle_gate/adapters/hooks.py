@@ -162,6 +162,31 @@ def resolver_wrapper(wrapped, instance, args, kwargs):
     return tokens
 
 
+def dp_cast_wrapper(vote: Any) -> Callable:
+    """The wrapper around a version's ``prepare_mlp_sync_batch_raw(local_batch,
+    ...)``: this rank's decision cast as its vote before SGLang's MLP-sync
+    gather (:func:`eagle_gate.adapters.dp_vote.cast_for`)."""
+    from eagle_gate.adapters.dp_vote import cast_for
+
+    def cast(wrapped, instance, args, kwargs):
+        batch = kwargs["local_batch"] if "local_batch" in kwargs else args[0]
+        cast_for(vote, ACTIVE.runtime, batch)
+        return wrapped(*args, **kwargs)
+
+    return cast
+
+
+def replaced_by(function: Callable) -> Callable:
+    """A wrapper that runs the version's own copy ``function(instance, *args,
+    **kwargs)`` of a method instead of SGLang's (a gather row with the vote
+    in it), still installed and checked like every patch."""
+
+    def replace(wrapped, instance, args, kwargs):
+        return function(instance, *args, **kwargs)
+
+    return replace
+
+
 def scheduler_init_wrapper(activate_in_scheduler: Callable[[Any], Any]) -> Callable:
     """The wrapper around ``Scheduler.__init__``: SGLang's own init, then the
     gate's activation in this scheduler process (which may refuse the setup)."""
@@ -190,8 +215,9 @@ def version_patches(
 
     The instrumentor puts the three wrappers on the targets the version
     module names (``WORKER_TARGET`` with its ``WORKER_BATCH_PARAM``,
-    ``RESOLVER_TARGET``, ``SCHEDULER_INIT_TARGET``); a scheduler being built
-    calls the module's ``activate_in_scheduler``. The targets (for doctor and
+    ``RESOLVER_TARGET``, ``SCHEDULER_INIT_TARGET``) and the DP vote's on its
+    MLP-sync gather (``version.dp.PATCHES``); a scheduler being built calls
+    the module's ``activate_in_scheduler``. The targets (for doctor and
     untested versions) are those three, the scheduler entry, the version's
     own ``checked`` ones and its plain graphs' (``version.graphs.TARGETS``).
     """
@@ -203,6 +229,8 @@ def version_patches(
                 version.SCHEDULER_INIT_TARGET,
                 scheduler_init_wrapper(lambda s: version.activate_in_scheduler(s)),
             ),
+            # DP attention: the vote in SGLang's MLP-sync gather
+            *version.dp.PATCHES,
         ]
     )
     targets = (
