@@ -34,11 +34,11 @@ ROW_FIELDS = (
 )
 WIDTH = len(ROW_FIELDS) + 1
 
-VOTE = DPVote()
+VOTE = DPVote()  # this scheduler process's
 
 #: whether this version gates DP attention (else it is refused at launch):
 #: set once a real DP-attention server ran the vote end to end.
-GATES_DP_ATTENTION = False  # this scheduler process's
+GATES_DP_ATTENTION = False
 
 
 def fallback_row(info: Any, device: Any, dtype: Any = None) -> Any:
