@@ -32,8 +32,10 @@ VERSION = sglang_env.version()
     [
         ([IDLE, IDLE], None),  # nothing to decide
         ([WANTS_PLAIN, WANTS_PLAIN], Mode.PLAIN),
-        ([WANTS_PLAIN, IDLE], Mode.PLAIN),  # an idle rank follows
-        ([IDLE, WANTS_PLAIN, WANTS_PLAIN, IDLE], Mode.PLAIN),
+        # an idle rank runs SGLang's idle SPEC step: everyone SPEC
+        ([WANTS_PLAIN, IDLE], Mode.SPEC),
+        ([IDLE, WANTS_PLAIN, WANTS_PLAIN, IDLE], Mode.SPEC),
+        ([WANTS_PLAIN, WANTS_PLAIN, WANTS_PLAIN], Mode.PLAIN),
         ([WANTS_PLAIN, WANTS_SPEC], Mode.SPEC),  # one SPEC rank: all SPEC
         ([WANTS_SPEC, IDLE], Mode.SPEC),
         ([WANTS_PLAIN, 7], Mode.SPEC),  # outside the protocol: stock
@@ -164,9 +166,10 @@ dist.destroy_process_group()
 def test_two_dp_ranks_run_the_same_mode_every_step(tmp_path, with_vote):
     """Two DP ranks decide differently at most steps (rank 0: ``PPSP-P-``,
     rank 1: ``PSPP--P``; ``-``: no batch). With the vote in SGLang's real
-    gather both run, step by step, PLAIN only where every rank with a batch
-    wanted it: ``PSSP-PP``, and SGLang's own columns arrive as before (each
-    rank's token count). Without the vote (the negative control) each rank
+    gather both run, step by step, PLAIN only where both have a batch and
+    want it: ``PSSP-SS`` (an idle rank runs SGLang's idle SPEC step, so the
+    busy one runs SPEC with it), and SGLang's own columns arrive as before
+    (each rank's token count). Without the vote (the negative control) each rank
     runs its own choice and the sequences differ: what would hang or mix
     activations in a real DP-attention server."""
     vote = "1" if with_vote else "0"
@@ -176,7 +179,42 @@ def test_two_dp_ranks_run_the_same_mode_every_step(tmp_path, with_vote):
     for step, (a, b) in enumerate(zip("PPSP-P-", "PSPP--P", strict=True)):
         assert r0["tokens"][step] == [3 if a in busy else 0, 4 if b in busy else 0]
     if with_vote:
-        assert r0["modes"] == r1["modes"] == "PSSP-PP"
-        assert (r0["disagreements"], r1["disagreements"]) == (1, 1)
+        assert r0["modes"] == r1["modes"] == "PSSP-SS"
+        assert (r0["disagreements"], r1["disagreements"]) == (2, 2)
     else:
         assert r0["modes"] != r1["modes"]
+
+
+def test_what_the_gate_refuses_under_dp_attention(monkeypatch):
+    """Where a version gates DP attention (``dp.GATES_DP_ATTENTION``): eager
+    and none sync are gated, lazy is refused (its catch-up extends run on
+    some ranks only), and so are the version's own ways around the gather
+    (0.5.9: no gather at all; 0.5.23: its DP spec/prefill coordination).
+    Where it does not, the DP-attention refusal stands."""
+    from eagle_gate.adapters import refusals
+    from eagle_gate.adapters.resolved import ResolvedSpec
+
+    adapter = sglang_env.adapter()
+    dp = _dp_module()
+    spec = ResolvedSpec("EAGLE3", 3, 1, 4, attn_dp_size=2, dp_size=2)
+    env = {"SGLANG_ENABLE_SPEC_V2": "1"}
+    monkeypatch.setattr(dp, "GATES_DP_ATTENTION", False)
+    with pytest.raises(refusals.GateRefused) as refused:
+        adapter.check_spec(spec, env, draft_sync="eager")
+    assert str(refused.value) == refusals.DP_ATTENTION_REFUSAL
+    monkeypatch.setattr(dp, "GATES_DP_ATTENTION", True)
+    for sync in ("eager", "none", None):
+        assert adapter.check_spec(spec, env, draft_sync=sync)[0] is True
+    with pytest.raises(refusals.GateRefused) as refused:
+        adapter.check_spec(spec, env, draft_sync="lazy")
+    assert str(refused.value) == refusals.DP_LAZY_REFUSAL
+    switch = (
+        "SGLANG_SCHEDULER_SKIP_ALL_GATHER"
+        if VERSION == "0.5.9"
+        else "SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION"
+    )
+    with pytest.raises(refusals.GateRefused, match=f"{switch}=1 with data-parallel"):
+        adapter.check_spec(spec, {**env, switch: "1"}, draft_sync="eager")
+    # without DP attention the switch is none of the gate's business
+    chain = ResolvedSpec("EAGLE3", 3, 1, 4)
+    assert adapter.check_spec(chain, {**env, switch: "1"}, draft_sync="eager")[0]

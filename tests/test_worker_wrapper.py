@@ -253,3 +253,68 @@ def test_a_blocked_plain_decision_is_recorded_as_spec_that_ran(
     (step, _view, decided, ran, override) = log.decision.call_args.args
     assert (step, decided, ran, override) == (0, Mode.PLAIN, Mode.SPEC, "grammar")
     assert log.decision.call_count == 1
+
+
+# -- DP attention: the mode voted at the gather (adapters/dp_vote.py) -----------
+@pytest.mark.parametrize(
+    ("others", "ran", "overrides"),
+    [
+        ([1], Mode.PLAIN, {}),  # every rank wants PLAIN
+        ([2], Mode.SPEC, {Overrides.DP_RANKS: 1}),  # another wants SPEC
+        ([0], Mode.SPEC, {Overrides.DP_RANKS: 1}),  # another is idle
+    ],
+)
+def test_under_dp_attention_the_worker_runs_the_agreed_mode(
+    gate, gpu_forward_stand_in, mocker, others, ran, overrides
+):
+    """The decision is taken before SGLang's MLP-sync gather (``cast_for``),
+    the worker runs what every rank agreed on and records it then: the
+    decision log says what this rank decided and what ran, an overruled
+    PLAIN counts as a ``dp_ranks`` override."""
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    from eagle_gate.adapters.dp_vote import DPVote, cast_for
+
+    policy, views = gate
+    policy.answer = Mode.PLAIN
+    runtime = ACTIVE.runtime
+    runtime.dp_vote = vote = DPVote()
+    run = mocker.Mock(return_value=GenerationBatchResult())
+    runtime.plain_step = PlainStep(run=run, blocker=lambda batch: None)
+    batch = decode_batch([3, 4])
+    assert cast_for(vote, runtime, batch) == 1  # wants PLAIN
+    assert len(views) == 1 and runtime.ring.entries() == []  # record deferred
+    vote.settle([1, *others])
+    result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, batch)
+    assert len(views) == 1  # not asked again
+    assert result.eagle_gate_mode is ran
+    assert (run.call_count, gpu_forward_stand_in.call_count) == (
+        (1, 0) if ran is Mode.PLAIN else (0, 1)
+    )
+    assert runtime.counters.overrides == overrides
+    (entry,) = runtime.ring.entries()
+    assert (entry["batch_size"], entry["decided"], entry["ran"]) == (
+        2,
+        "plain",
+        ran.name.lower(),
+    )
+
+
+def test_under_dp_attention_idle_and_unvoted_batches_run_stock(
+    gate, gpu_forward_stand_in
+):
+    from eagle_gate.adapters.dp_vote import DPVote, cast_for
+
+    policy, views = gate
+    policy.answer = Mode.PLAIN
+    ACTIVE.runtime.dp_vote = vote = DPVote()
+    assert cast_for(vote, ACTIVE.runtime, None) == 0  # no batch: idle
+    assert cast_for(vote, ACTIVE.runtime, with_mode(decode_batch([2]), "IDLE")) == 0
+    assert cast_for(vote, ACTIVE.runtime, with_mode(decode_batch([2]), "EXTEND")) == 2
+    vote.settle([0, 0])
+    idle = with_mode(decode_batch([2]), "IDLE")
+    result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, idle)
+    assert not hasattr(result, "eagle_gate_mode") and views == []
+    # a decode batch that no gather voted on runs SGLang's step, undecided
+    result = call(make_worker_wrapper("batch"), gpu_forward_stand_in, decode_batch([2]))
+    assert not hasattr(result, "eagle_gate_mode") and views == []

@@ -56,6 +56,8 @@ class Overrides:
     PLAIN_STEP_FAILED = "plain_step_failed"
     #: the gate degraded to stock behaviour (the policy is not asked any more).
     DEGRADED = "degraded"
+    #: DP attention: another DP rank voted SPEC (or was idle) for this step.
+    DP_RANKS = "dp_ranks"
 
 
 class PolicyErrors:

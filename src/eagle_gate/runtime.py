@@ -168,6 +168,10 @@ class GateRuntime:
         self.step = 0
         self.counters = counters if counters is not None else GateCounters()
         self.ring = DecisionRing(RING_SIZE)
+        #: DP attention: the process's vote (adapters/dp_vote.py), or None.
+        self.dp_vote: Any = None
+        self._defer = False  # decide() defers its record (DP attention)
+        self._deferred: tuple = (DECIDED_NOT_ASKED, Mode.SPEC, None)
         # shadow mode: decide and observe, run stock SPEC, count would-haves
         self.shadow = bool(config.shadow)
         self.shadow_ledger = ShadowLedger()
@@ -215,6 +219,7 @@ class GateRuntime:
         seq_lens: Any = None,
         reqs: Any = None,
         batch: Any = None,
+        defer_record: bool = False,
     ) -> tuple[Mode, int]:
         """Ask the policy; return the mode to RUN and this step's number.
 
@@ -222,8 +227,11 @@ class GateRuntime:
         None when SGLang has none at hand; ``reqs``: the batch's requests, for
         the view's estimate then (see :class:`~eagle_gate.policy.StepView`);
         ``batch``: what the plain step's blocker judges when the policy says
-        PLAIN.
+        PLAIN. ``defer_record``: under DP attention the ranks vote on the mode
+        first; the step's record (ring, decision log) is then written by
+        :meth:`record_agreed` once the agreed mode is known.
         """
+        self._defer = defer_record
         step = self.step
         if not step & self._tick_mask and self.on_tick is not None:
             # before the step count moves on: a change applied here takes
@@ -278,11 +286,36 @@ class GateRuntime:
             if reason is not None:
                 self.counters.count_override(reason)
                 return self._ran_spec(step, batch_size, mode, reason)
-        self.ring.write(step, batch_size, mode, mode)
+        self._record(step, batch_size, mode, mode, None)
+        return mode, step
+
+    def _record(
+        self, step: int, batch_size: int, decided: int, ran: Mode, override: str | None
+    ) -> None:
+        if self._defer:
+            self._deferred = (decided, ran, override)
+            return
+        self.ring.write(step, batch_size, decided, ran)
         log = self.decision_log
         if log is not None:
-            log.decision(step, view, mode, mode, None)
-        return mode, step
+            log.decision(step, self.view, decided, ran, override)
+
+    def record_agreed(self, step: int, batch_size: int, agreed: Mode) -> Mode:
+        """Under DP attention: write the record :meth:`decide` deferred
+        (``defer_record``) for ``step``, now that the ranks agreed on
+        ``agreed``. This rank's PLAIN overruled by another rank runs SPEC and
+        counts as an override (``dp_ranks``). Returns the mode to run."""
+        decided, ran, override = self._deferred
+        self._deferred = (DECIDED_NOT_ASKED, Mode.SPEC, None)
+        if ran is Mode.PLAIN and agreed is not Mode.PLAIN:
+            override = Overrides.DP_RANKS
+            self.counters.count_override(override)
+        ran = Mode.PLAIN if ran is Mode.PLAIN and agreed is Mode.PLAIN else Mode.SPEC
+        self.ring.write(step, batch_size, decided, ran)
+        log = self.decision_log
+        if log is not None:
+            log.decision(step, self.view, decided, ran, override)
+        return ran
 
     def _ran_spec(
         self,
@@ -292,10 +325,7 @@ class GateRuntime:
         override: str | None,
     ) -> tuple[Mode, int]:
         """Record a step that runs SPEC for a reason other than the policy."""
-        self.ring.write(step, batch_size, decided, Mode.SPEC)
-        log = self.decision_log
-        if log is not None:
-            log.decision(step, self.view, decided, Mode.SPEC, override)
+        self._record(step, batch_size, decided, Mode.SPEC, override)
         return Mode.SPEC, step
 
     def note_non_decode_batch(self) -> None:

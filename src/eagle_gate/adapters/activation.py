@@ -98,8 +98,15 @@ def activate_scheduler(
     if gated and config.plain_step and config.draft_sync == "lazy":
         check_lazy_buffer(scheduler, spec, config)
     # through the module: CI's construct-without-capture build wraps it there
+    dp_attention = gated and spec.attn_dp_size > 1
     graphs = capture.plain_graphs_for_scheduler(
-        adapter.graphs, scheduler, config, gated=gated, tp_rank=tp_rank, tp_size=tp_size
+        adapter.graphs,
+        scheduler,
+        config,
+        gated=gated,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        dp_attention=dp_attention,
     )
     plain = (
         adapter.plain.make_plain_step(config.draft_sync, graphs=graphs)
@@ -119,7 +126,7 @@ def activate_scheduler(
         spec=spec,
         fixes=tuple(_applied_fixes(adapter)),
     )
-    return activate(
+    runtime = activate(
         process,
         gated=gated,
         state=state,
@@ -129,6 +136,10 @@ def activate_scheduler(
         req_len=adapter.committed_len,
         plain_graphs=graphs,
     )
+    if dp_attention:
+        # the DP ranks vote on every step's mode (adapters/dp_vote.py)
+        runtime.dp_vote = adapter.dp.VOTE
+    return runtime
 
 
 def activate(

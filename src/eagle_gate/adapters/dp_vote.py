@@ -19,7 +19,12 @@ no collective of its own. Each rank puts its vote in its row:
   blocker, an extend batch, a rank whose gate is off or degraded.
 
 Every rank reads the same gathered column and computes the same mode with
-:func:`agreed_mode`: PLAIN only when every non-idle rank voted PLAIN. Each DP
+:func:`agreed_mode`: PLAIN only when every rank has a decode batch and voted
+PLAIN. An idle rank (no requests) therefore never sees a PLAIN step: it runs
+SGLang's own idle speculative step, whose collectives match the busy ranks'
+SPEC step. (Letting idle ranks follow a PLAIN step needs an idle plain step,
+an IDLE target forward and an idle draft extend; at the loads where one DP
+rank drains, SPEC is usually the better mode anyway. A follow-up.) Each DP
 rank's policy stays its own (its own batches, its own timings); the TP
 agreement keeps the attention-TP ranks of one DP rank together as before.
 
@@ -44,18 +49,17 @@ _VOTES = (IDLE, WANTS_PLAIN, WANTS_SPEC)
 
 def agreed_mode(votes: Iterable[int]) -> Mode | None:
     """The mode every rank runs, from every rank's vote: None when no rank
-    has a decode batch (nothing to decide), PLAIN when every rank with a
-    batch voted PLAIN, else SPEC. A value outside the protocol counts as
-    SPEC (SGLang's stock step, which every rank can run)."""
-    busy = plain = 0
+    has a batch (nothing to decide), PLAIN when every rank voted PLAIN (none
+    idle), else SPEC. A value outside the protocol counts as SPEC (SGLang's
+    stock step, which every rank can run)."""
+    ranks = plain = idle = 0
     for vote in votes:
-        if vote == IDLE:
-            continue
-        busy += 1
+        ranks += 1
+        idle += vote == IDLE
         plain += vote == WANTS_PLAIN
-    if not busy:
+    if idle == ranks:
         return None
-    return Mode.PLAIN if plain == busy else Mode.SPEC
+    return Mode.PLAIN if plain == ranks else Mode.SPEC
 
 
 class DPVote:
@@ -129,3 +133,42 @@ def row(values: list, device: Any, dtype: Any = None) -> Any:
     import torch
 
     return torch.tensor(values, device=device, dtype=dtype or torch.int64)
+
+
+def cast_for(vote: DPVote, runtime: Any, batch: Any) -> int:
+    """Before the gather: this rank's decision for the batch it is about to
+    run, cast as its vote. A decode batch asks the gate (the policy, then the
+    plain step's blockers: PLAIN comes back only when the plain step can
+    serve the batch, and this is final, as every rank acts on the vote); no
+    batch, an idle or a prebuilt one votes idle; anything else (an extend, a
+    gate that is off) votes SPEC. Never raises: a failure counts as an
+    internal error and votes SPEC."""
+    if batch is None:
+        return vote.cast(None, busy=False)
+    try:
+        fm = batch.forward_mode
+        if fm.is_idle() or (hasattr(fm, "is_prebuilt") and fm.is_prebuilt()):
+            return vote.cast(None, busy=False)
+        if runtime is None or runtime.dp_vote is not vote or not fm.is_decode():
+            return vote.cast(None, busy=True)
+        mode, step = runtime.decide(
+            batch.seq_lens.shape[0],
+            batch.seq_lens_sum,
+            batch.seq_lens_cpu,
+            getattr(batch, "reqs", None),
+            batch,
+            defer_record=True,
+        )
+    except Exception as exc:
+        if runtime is not None:
+            runtime.count_internal_error("casting the DP vote", exc)
+        return vote.cast(None, busy=True)
+    return vote.cast(mode, step)
+
+
+def env_on(environ: Any, name: str) -> bool:
+    """An SGLang boolean environment switch, read as SGLang reads it."""
+    import os
+
+    env = os.environ if environ is None else environ
+    return str(env.get(name, "")).strip().lower() in {"1", "true", "yes", "on"}

@@ -82,23 +82,37 @@ def make_worker_wrapper(batch_param: str) -> Callable:
         except Exception as exc:
             runtime.count_internal_error("inspecting the batch", exc)
             return wrapped(*args, **kwargs)
-        if not decode:
+        vote = runtime.dp_vote
+        if vote is not None:
+            # DP attention: the mode was voted on at SGLang's MLP-sync gather
+            # (adapters/dp_vote.py); every rank runs the agreed one.
+            agreed, decided, step = vote.take()
+            if not decode or decided is None or agreed is None:
+                return wrapped(*args, **kwargs)  # idle, extend, or no vote
+            try:
+                mode = runtime.record_agreed(step, batch.seq_lens.shape[0], agreed)
+            except Exception as exc:
+                runtime.count_internal_error("recording the DP vote", exc)
+                mode = agreed
+        elif not decode:
             return wrapped(*args, **kwargs)
-        try:
-            # 0.5.23 may leave seq_lens_cpu / seq_lens_sum None (backends
-            # without CPU lengths, after filter/merge): the view then sums
-            # seq_lens_cpu or estimates from reqs, only if a policy reads it.
-            # PLAIN comes back only when the plain step can serve the batch.
-            mode, step = runtime.decide(
-                batch.seq_lens.shape[0],
-                batch.seq_lens_sum,
-                batch.seq_lens_cpu,
-                getattr(batch, "reqs", None),
-                batch,
-            )
-        except Exception as exc:
-            runtime.count_internal_error("deciding", exc)
-            return wrapped(*args, **kwargs)
+        else:
+            try:
+                # 0.5.23 may leave seq_lens_cpu / seq_lens_sum None (backends
+                # without CPU lengths, after filter/merge): the view then sums
+                # seq_lens_cpu or estimates from reqs, only if a policy reads
+                # it. PLAIN comes back only when the plain step can serve the
+                # batch.
+                mode, step = runtime.decide(
+                    batch.seq_lens.shape[0],
+                    batch.seq_lens_sum,
+                    batch.seq_lens_cpu,
+                    getattr(batch, "reqs", None),
+                    batch,
+                )
+            except Exception as exc:
+                runtime.count_internal_error("deciding", exc)
+                return wrapped(*args, **kwargs)
         plain = runtime.plain_step
         if mode is Mode.PLAIN:
             # A failing plain step runs SGLang's stock step instead (counted;
@@ -148,6 +162,31 @@ def resolver_wrapper(wrapped, instance, args, kwargs):
     return tokens
 
 
+def dp_cast_wrapper(vote: Any) -> Callable:
+    """The wrapper around a version's ``prepare_mlp_sync_batch_raw(local_batch,
+    ...)``: this rank's decision cast as its vote before SGLang's MLP-sync
+    gather (:func:`eagle_gate.adapters.dp_vote.cast_for`)."""
+    from eagle_gate.adapters.dp_vote import cast_for
+
+    def cast(wrapped, instance, args, kwargs):
+        batch = kwargs["local_batch"] if "local_batch" in kwargs else args[0]
+        cast_for(vote, ACTIVE.runtime, batch)
+        return wrapped(*args, **kwargs)
+
+    return cast
+
+
+def replaced_by(function: Callable) -> Callable:
+    """A wrapper that runs the version's own copy ``function(instance, *args,
+    **kwargs)`` of a method instead of SGLang's (a gather row with the vote
+    in it), still installed and checked like every patch."""
+
+    def replace(wrapped, instance, args, kwargs):
+        return function(instance, *args, **kwargs)
+
+    return replace
+
+
 def scheduler_init_wrapper(activate_in_scheduler: Callable[[Any], Any]) -> Callable:
     """The wrapper around ``Scheduler.__init__``: SGLang's own init, then the
     gate's activation in this scheduler process (which may refuse the setup)."""
@@ -176,8 +215,9 @@ def version_patches(
 
     The instrumentor puts the three wrappers on the targets the version
     module names (``WORKER_TARGET`` with its ``WORKER_BATCH_PARAM``,
-    ``RESOLVER_TARGET``, ``SCHEDULER_INIT_TARGET``); a scheduler being built
-    calls the module's ``activate_in_scheduler``. The targets (for doctor and
+    ``RESOLVER_TARGET``, ``SCHEDULER_INIT_TARGET``) and the DP vote's on its
+    MLP-sync gather (``version.dp.PATCHES``); a scheduler being built calls
+    the module's ``activate_in_scheduler``. The targets (for doctor and
     untested versions) are those three, the scheduler entry, the version's
     own ``checked`` ones and its plain graphs' (``version.graphs.TARGETS``).
     """
@@ -189,6 +229,8 @@ def version_patches(
                 version.SCHEDULER_INIT_TARGET,
                 scheduler_init_wrapper(lambda s: version.activate_in_scheduler(s)),
             ),
+            # DP attention: the vote in SGLang's MLP-sync gather
+            *version.dp.PATCHES,
         ]
     )
     targets = (

@@ -20,6 +20,7 @@ logger = logging.getLogger("eagle_gate")
 __all__ = [
     "GateRefused",
     "DP_ATTENTION_REFUSAL",
+    "DP_LAZY_REFUSAL",
     "PP_REFUSAL",
     "MULTI_LAYER_REFUSAL",
     "tree_refusal",
@@ -42,6 +43,13 @@ DP_ATTENTION_REFUSAL = (
     "rank's (batch size x draft tokens), so ranks would hang in a collective or "
     "mix activations. Launch without data-parallel attention, or without "
     "eagle_gate"
+)
+#: why lazy draft sync is refused under data-parallel attention.
+DP_LAZY_REFUSAL = (
+    "--gate-draft-sync lazy under data-parallel attention is refused: its "
+    "catch-up runs an extra draft extend before a SPEC step on the DP ranks "
+    "whose requests had PLAIN stretches only, so the ranks' collectives would "
+    "stop matching. Use --gate-draft-sync eager (the default) or none"
 )
 #: why pipeline parallelism is refused (both versions).
 PP_REFUSAL = (
@@ -105,6 +113,7 @@ def check_speculation(
     extra_refusals: Sequence[tuple[bool, str]] = (),
     draft_sync: str | None = None,
     gates_trees: bool = False,
+    gates_dp_attention: bool = False,
 ) -> tuple[bool, str]:
     """Decide what the gate does with the speculative setup SGLang resolved.
 
@@ -121,6 +130,8 @@ def check_speculation(
     reason)`` pairs. ``draft_sync``: the gate's setting (None: no plain step,
     or not known here). ``gates_trees``: the version's plain step was measured
     to keep a draft tree exact with eager sync (SGLang 0.5.23).
+    ``gates_dp_attention``: the version votes on the mode in its MLP-sync
+    gather (``adapters/dp_vote.py``); lazy draft sync stays refused there.
     """
     if not spec.speculating:
         return False, "idle: speculation is off, every step is SGLang's own"
@@ -137,7 +148,10 @@ def check_speculation(
         if refused:
             raise GateRefused(reason)
     if spec.attn_dp_size > 1:
-        raise GateRefused(DP_ATTENTION_REFUSAL)
+        if not gates_dp_attention:
+            raise GateRefused(DP_ATTENTION_REFUSAL)
+        if draft_sync == "lazy":
+            raise GateRefused(DP_LAZY_REFUSAL)
     if spec.pp_size > 1:
         raise GateRefused(PP_REFUSAL)
     if spec.rejection_sampling and draft_sync not in (None, "eager"):

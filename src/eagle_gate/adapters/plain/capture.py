@@ -270,9 +270,21 @@ def plain_graphs_for_scheduler(
     gated: bool,
     tp_rank: int,
     tp_size: int,
+    dp_attention: bool = False,
 ) -> PlainGraphs:
     """The plain graphs of this scheduler: built when gated with the plain step
-    on; any failure other than a refusal of ``on`` leaves them off (eager)."""
+    on; any failure other than a refusal of ``on`` leaves them off (eager).
+    Under data-parallel attention they stay off: whether a rank replays a
+    graph (and pads to its size) must come from the ranks' gathered vote, as
+    SGLang's own graphs do, which the plain step does not do yet."""
+    if dp_attention and config.plain_step:
+        if config.plain_graphs == "on":
+            raise GateRefused(
+                "--gate-plain-graphs on under data-parallel attention is refused: "
+                "the plain step's graphs do not yet follow the DP ranks' gathered "
+                "graph vote; use auto or off (plain steps run the target eagerly)"
+            )
+        return PlainGraphs(setting=config.plain_graphs, reason="dp_attention")
     if not gated or not config.plain_step:
         device = getattr(scheduler.server_args, "device", None)
         if _device_type(device) != "cuda":

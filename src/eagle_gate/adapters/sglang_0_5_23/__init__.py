@@ -25,17 +25,20 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from eagle_gate.adapters.dp_vote import env_on
 from eagle_gate.adapters.hooks import version_patches
 from eagle_gate.adapters.patching import PatchTarget
 from eagle_gate.adapters.refusals import GateRefused, check_speculation
 from eagle_gate.adapters.resolved import ResolvedSpec
-from eagle_gate.adapters.sglang_0_5_23 import graphs, plain  # noqa: F401
+from eagle_gate.adapters.sglang_0_5_23 import dp, graphs, plain  # noqa: F401
 from eagle_gate.adapters.sglang_0_5_23.resolve import (  # noqa: F401 (adapter API)
     resolve_argv,
     resolve_spec,
 )
 
 SGLANG_VERSIONS = ("0.5.23",)
+#: SGLang's switch for its own DP spec/prefill coordination.
+DP_PREFILL_COORDINATION = "SGLANG_ENABLE_DP_SPEC_PREFILL_COORDINATION"
 NAME = "sglang-0.5.23"
 
 WORKER_MODULE = "sglang.srt.speculative.eagle_worker_v2"
@@ -78,7 +81,9 @@ def check_spec(
     rejection-sampling default SGLang settled on. Draft trees (SGLang's own
     choice for Llama targets) are gated with eager draft sync: their draft
     state was measured exact across PLAIN stretches
-    (scripts/measure_tree_draft.py, docs/compatibility.md)."""
+    (scripts/measure_tree_draft.py, docs/compatibility.md). Data-parallel
+    attention is gated through the vote in the MLP-sync gather (``dp.py``),
+    except with SGLang's DP spec/prefill coordination."""
     return check_speculation(
         spec,
         extra_refusals=[
@@ -87,9 +92,16 @@ def check_spec(
                 "--speculative-adaptive is SGLang's own adaptive speculation and "
                 "would fight eagle_gate over the same decision; use one of them",
             ),
+            (
+                spec.attn_dp_size > 1 and env_on(environ, DP_PREFILL_COORDINATION),
+                f"{DP_PREFILL_COORDINATION}=1 with data-parallel attention is "
+                "refused: SGLang then runs decode rows inside other ranks' extend "
+                "steps, which the gate's vote does not cover; unset it",
+            ),
         ],
         draft_sync=draft_sync,
         gates_trees=True,
+        gates_dp_attention=dp.GATES_DP_ATTENTION,
     )
 
 

@@ -14,10 +14,8 @@ call (no allocation beyond stock's); ``ROW_FIELDS`` is 0.5.23's column
 order, and ``tests/test_dp_vote.py`` checks the rebuilt rows against
 SGLang's own, column for column, so a drift fails there.
 
-Not wired in yet: DP attention is still refused until the worker side (the
-agreed mode in the worker, idle ranks' PLAIN steps) is done; the gather
-itself is tested with two gloo processes driving SGLang's real
-``MLPSyncBatchInfo.all_gather``.
+``PATCHES``: the rows replaced, the gather wrapped to settle the vote, and
+``prepare_mlp_sync_batch_raw`` wrapped to cast it (``hooks.dp_cast_wrapper``).
 """
 
 from __future__ import annotations
@@ -25,8 +23,17 @@ from __future__ import annotations
 from typing import Any
 
 from eagle_gate.adapters.dp_vote import DPVote, row
+from eagle_gate.adapters.hooks import dp_cast_wrapper, replaced_by
+from eagle_gate.adapters.patching import PatchTarget
 
-__all__ = ["ROW_FIELDS", "VOTE", "local_row", "fallback_row", "settle_after_gather"]
+__all__ = [
+    "ROW_FIELDS",
+    "VOTE",
+    "PATCHES",
+    "local_row",
+    "fallback_row",
+    "settle_after_gather",
+]
 
 #: 0.5.23's row, in its column order (``_get_local_tensor``).
 ROW_FIELDS = (
@@ -45,6 +52,10 @@ ROW_FIELDS = (
 
 #: the vote of this scheduler process (one scheduler thread per process).
 VOTE = DPVote()
+
+#: whether this version gates DP attention (else it is refused at launch):
+#: set once a real DP-attention server ran the vote end to end.
+GATES_DP_ATTENTION = False
 
 
 def local_row(info: Any, device: Any, dtype: Any = None) -> Any:
@@ -83,3 +94,29 @@ def settle_after_gather(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> 
     out = wrapped(*args, **kwargs)
     VOTE.settle(instance.tp0_info_cpu[:, len(ROW_FIELDS)].tolist())
     return out
+
+
+DP_MODULE = "sglang.srt.managers.scheduler_components.dp_attn"
+_ROW = ("self", "device", "dtype")
+PATCHES = (
+    (
+        PatchTarget(DP_MODULE, "MLPSyncBatchInfo._get_local_tensor", _ROW),
+        replaced_by(local_row),
+    ),
+    (
+        PatchTarget(DP_MODULE, "MLPSyncBatchInfo._get_fallback_tensor", _ROW),
+        replaced_by(fallback_row),
+    ),
+    (
+        PatchTarget(
+            DP_MODULE,
+            "MLPSyncBatchInfo.all_gather",
+            ("self", "device", "group", "use_all_reduce"),
+        ),
+        settle_after_gather,
+    ),
+    (
+        PatchTarget(DP_MODULE, "prepare_mlp_sync_batch_raw", ("local_batch",)),
+        dp_cast_wrapper(VOTE),
+    ),
+)

@@ -20,17 +20,20 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from eagle_gate.adapters.dp_vote import env_on
 from eagle_gate.adapters.hooks import version_patches
 from eagle_gate.adapters.patching import PatchTarget
 from eagle_gate.adapters.refusals import GateRefused, check_speculation
 from eagle_gate.adapters.resolved import ResolvedSpec
-from eagle_gate.adapters.sglang_0_5_9 import fixes, graphs, plain  # noqa: F401
+from eagle_gate.adapters.sglang_0_5_9 import dp, fixes, graphs, plain  # noqa: F401
 from eagle_gate.adapters.sglang_0_5_9.resolve import (  # noqa: F401 (adapter API)
     resolve_argv,
     resolve_spec,
 )
 
 SGLANG_VERSIONS = ("0.5.9",)
+#: SGLang's switch that drops the MLP-sync gather under DP attention.
+SKIP_ALL_GATHER = "SGLANG_SCHEDULER_SKIP_ALL_GATHER"
 NAME = "sglang-0.5.9"
 
 WORKER_MODULE = "sglang.srt.speculative.eagle_worker_v2"
@@ -88,8 +91,15 @@ def check_spec(
                 "eagle_gate on SGLang 0.5.9 needs the spec-v2 worker, which SGLang "
                 "only uses with overlap scheduling: drop --disable-overlap-schedule",
             ),
+            (
+                spec.attn_dp_size > 1 and env_on(env, SKIP_ALL_GATHER),
+                f"{SKIP_ALL_GATHER}=1 with data-parallel attention is refused: "
+                "the DP ranks then run without the MLP-sync gather that carries "
+                "the gate's vote on the mode; unset it",
+            ),
         ],
         draft_sync=draft_sync,
+        gates_dp_attention=dp.GATES_DP_ATTENTION,
     )
     if gated:
         if env.get(SPEC_V2_ENV, "").lower() not in {"1", "true", "yes", "on"}:

@@ -9,7 +9,8 @@ the vote settled from the seventh column. The rows are rebuilt with the vote
 in the same ``torch.tensor`` call (no allocation beyond stock's);
 ``tests/test_dp_vote.py`` checks them against SGLang's own, column for column.
 
-Not wired in yet (DP attention is still refused; see the 0.5.23 module).
+``PATCHES``: the gather replaced, and ``prepare_mlp_sync_batch_raw`` wrapped
+to cast the vote (``hooks.dp_cast_wrapper``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 from eagle_gate.adapters.dp_vote import DPVote, row
+from eagle_gate.adapters.hooks import dp_cast_wrapper, replaced_by
+from eagle_gate.adapters.patching import PatchTarget
 
-__all__ = ["ROW_FIELDS", "VOTE", "local_row", "fallback_row", "all_gather"]
+__all__ = ["ROW_FIELDS", "VOTE", "PATCHES", "local_row", "fallback_row", "all_gather"]
 
 #: 0.5.9's row, in its column order (``_get_local_tensor``).
 ROW_FIELDS = (
@@ -32,6 +35,10 @@ ROW_FIELDS = (
 WIDTH = len(ROW_FIELDS) + 1
 
 VOTE = DPVote()  # this scheduler process's
+
+#: whether this version gates DP attention (else it is refused at launch):
+#: set once a real DP-attention server ran the vote end to end.
+GATES_DP_ATTENTION = False
 
 
 def fallback_row(info: Any, device: Any, dtype: Any = None) -> Any:
@@ -84,3 +91,20 @@ def all_gather(info: Any, device: Any, group: Any) -> None:
     if mixin._ENABLE_METRICS_DP_ATTENTION:
         info.dp_cooperation_info = mixin.DPCooperationInfo.create(tp0[:, 5].tolist())
     VOTE.settle(tp0[:, WIDTH - 1].tolist())
+
+
+DP_MODULE = "sglang.srt.managers.scheduler_dp_attn_mixin"
+PATCHES = (
+    (
+        PatchTarget(
+            DP_MODULE, "MLPSyncBatchInfo.all_gather", ("self", "device", "group")
+        ),
+        replaced_by(all_gather),
+    ),
+    (
+        PatchTarget(
+            DP_MODULE, "prepare_mlp_sync_batch_raw", ("local_batch", "dp_size")
+        ),
+        dp_cast_wrapper(VOTE),
+    ),
+)
