@@ -18,7 +18,7 @@ import pytest
 
 from eagle_gate import adapters, cli, plugins
 from eagle_gate.adapters.hooks import SCHEDULER_ENTRY_TARGET
-from eagle_gate.adapters.refusals import DP_ATTENTION_REFUSAL, PP_REFUSAL
+from eagle_gate.adapters.refusals import DP_LAZY_REFUSAL, PP_REFUSAL
 from eagle_gate.config import ConfigError, resolve_config
 
 VERSION = adapters.installed_sglang_version()
@@ -307,8 +307,9 @@ def test_a_status_directory_that_does_not_exist_yet_is_fine(capsys, tmp_path):
     "flags, words",
     [
         (
-            [*CHAIN, "--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"],
-            DP_ATTENTION_REFUSAL,
+            [*CHAIN, "--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"]
+            + ["--gate-draft-sync", "lazy"],
+            DP_LAZY_REFUSAL,
         ),
         ([*CHAIN, "--pp-size", "2"], PP_REFUSAL),
         # no shape flags: SGLang's auto-chosen Llama tree (5 steps, topk 4),

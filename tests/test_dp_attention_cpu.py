@@ -1,53 +1,75 @@
-"""SGLang's DP attention serves on CPU, token-identical to a server without it (#24).
+"""DP attention on CPU (#24): SGLang's own, then the gate under it.
 
-A stock server with ``--enable-dp-attention --dp-size 2 --tp 2`` (one core per
-rank, torch_native attention, no speculation) and the DP stand-ins of
-``ci/cpu_spec`` (``EAGLE_GATE_CI_DP=1``) answers greedy requests exactly as a
-server without DP attention serving the same model:
+Servers with ``--enable-dp-attention --dp-size 2 --tp 2`` (one core per rank)
+and the DP stand-ins of ``ci/cpu_spec`` (``EAGLE_GATE_CI_DP=1``), serving a
+tiny Qwen3 built from the tiny Llama target (``support.qwen3_target``:
+SGLang's Llama is not built for DP attention). One DP-attention server
+without speculation is the reference of both tests:
 
-* one request alone, so one DP rank is idle (it runs padded dummy rows, or
-  zero rows during the other's prefill) while the other prefills and decodes;
-* three concurrent requests, which the round-robin balancer splits 2 / 1, so
-  the ranks decode different batch sizes and the smaller one is padded.
+* it answers exactly as a server without DP attention: one request alone
+  (one DP rank idle, running padded dummy rows or zero rows during the
+  other's prefill) and three at once (the round-robin balancer splits them
+  2 / 1, so the ranks decode different batch sizes and the smaller is
+  padded);
+* an EAGLE-3 server with the gate answers exactly as it. The ranks vote on
+  every step's mode in SGLang's MLP-sync gather (``adapters/dp_vote.py``):
+  PLAIN only when both have a decode batch and want it. What runs is bounded
+  by where stock SGLang's own speculative DP path stops on CPU (the same
+  code a GPU runs eagerly with the Triton backend): 0.5.23 dies as soon as a
+  rank runs an idle verify (``EagleVerifyInput`` has no ``kv_indptr`` in
+  ``triton_backend.init_forward_metadata``), so the gate runs ``never``
+  there, one request per rank, both PLAIN every step and finishing together
+  (no rank ever idle); 0.5.9 dies when the ranks' batch sizes differ (its
+  padded draft batch outgrows the attention metadata), so one request per
+  rank with the gate switching (``schedule s1,p2``: each rank counts its own
+  steps and the rank that decoded first is a step ahead, so the ranks
+  disagree at about a third of the steps and the vote settles each), then
+  one request alone (the other rank idle: the agreed mode is SPEC, its PLAIN
+  decisions counted as ``dp_ranks``). Every PLAIN step ran on both ranks
+  (equal PLAIN counts: a rank running PLAIN alone would have more).
 
-The model is a tiny Qwen3 built from the tiny Llama target
-(``support.qwen3_target``): SGLang's Llama is not built for DP attention.
+The vote through SGLang's real gathers with ranks deciding differently at
+most steps, and its negative control: ``tests/test_dp_vote.py``.
 
-Not here: EAGLE-3 with DP attention, which stock SGLang stops on in its own
-code (device-independent, so eager GPU runs would stop there too). 0.5.23
-serves it while both ranks verify, then an idle rank's eager verify step
-raises in the Triton backend (``EagleVerifyInput`` has no ``kv_indptr``).
-0.5.9 serves it with an idle rank and with equal batches, then fails an
-assertion in the draft's Triton decode attention when the ranks' batch sizes
-differ (the padded draft batch has more rows than its ``kv_indptr``).
-
-Cost: one pair of servers, 3-4 min on two cores (measured with both SGLang
-versions side by side and another load on the machine).
+Cost: three servers per version, about 4-5 min on two cores.
 """
 
 from __future__ import annotations
 
 import time
 
+import pytest
 import sglang_env
+from support.gated_server import generate_many, status, with_pythonpath
 from support.qwen3_target import build_qwen3_target
 from support.server import free_port, running_server
 from support.spec_server import (
     baseline_server_args,
     baseline_server_env,
-    generate_concurrent,
-    generate_greedy,
     shim_first_calls,
+    spec_server_args,
+    spec_server_env,
 )
 from support.timings import note
 
-NEW_TOKENS = 8
-ALONE = "The quick brown fox"
-TOGETHER = [
-    "One two three four five",
-    "Speculative decoding drafts tokens and",
-    "Data parallel attention on a CPU",
+VERSION = sglang_env.version()
+DP = ["--enable-dp-attention", "--dp-size", "2", "--tp", "2"]
+#: one core per rank (SGLang refuses more CPU ranks than NUMA nodes otherwise)
+DP_ENV = {"EAGLE_GATE_CI_DP": "1", "SGLANG_CPU_OMP_THREADS_BIND": "0|1"}
+
+#: SGLang's own DP attention: alone (an idle rank), then three at once (2 / 1)
+STOCK = [
+    [("The quick brown fox", 8)],
+    [
+        ("One two three four five", 8),
+        ("Speculative decoding drafts tokens and", 8),
+        ("Data parallel attention on a CPU", 8),
+    ],
 ]
+#: the gate: one request per rank, then (0.5.9) one alone
+GATED = [[("One two three four", 12), ("Speculative decoding drafts", 12)]]
+if VERSION == "0.5.9":
+    GATED.append([("Data parallel attention", 8)])
 
 # Stand-ins whose first call the DP server's log must show: the padded-row
 # fill value proves a rank padded its batch (idle or smaller than the other's).
@@ -62,43 +84,97 @@ EXPECTED_SHIMS = {
 }
 
 
-def _outputs(base_url: str) -> dict:
-    alone = generate_greedy(base_url, ALONE, NEW_TOKENS)["output_ids"]
-    together = [
-        r["output_ids"] for r in generate_concurrent(base_url, TOGETHER, NEW_TOKENS)
-    ]
-    return {"alone": alone, "together": together}
+def answers(base_url: str, groups: list[list[tuple[str, int]]]) -> list[list[int]]:
+    """Each group's requests at once, the groups one after another."""
+    out: list[list[int]] = []
+    for group in groups:
+        out += [r["output_ids"] for r in generate_many(base_url, group)]
+    return out
 
 
-def test_dp_attention_matches_a_server_without_it(spec_models, tmp_path):
-    llama, _draft = spec_models
-    target = build_qwen3_target(llama, tmp_path / "tiny-qwen3")
+@pytest.fixture(scope="module")
+def qwen3(spec_models, tmp_path_factory):
+    llama, _ = spec_models
+    return build_qwen3_target(llama, tmp_path_factory.mktemp("tiny-qwen3") / "qwen3")
+
+
+@pytest.fixture(scope="module")
+def dp_reference(qwen3, tmp_path_factory) -> dict:
+    """The DP-attention server without speculation: every request set's
+    answers, and which stand-ins its log shows were called."""
     t0 = time.monotonic()
     port = free_port()
+    log = tmp_path_factory.mktemp("dp-no-spec") / "server.log"
     with running_server(
-        baseline_server_args(target, port),
+        baseline_server_args(qwen3, port) + DP,
+        port,
+        baseline_server_env(EAGLE_GATE_CI_SPEC_LOG="1", **DP_ENV),
+        log,
+        ready_timeout_s=400,
+    ) as srv:
+        out = {
+            "stock": answers(srv.base_url, STOCK),
+            "gated": answers(srv.base_url, GATED),
+        }
+    out["shims"] = shim_first_calls(log.read_text(errors="replace"))
+    took = time.monotonic() - t0
+    note(f"SGLang {VERSION}: DP-attention server without speculation, {took:.0f} s")
+    return out
+
+
+def test_dp_attention_matches_a_server_without_it(qwen3, dp_reference, tmp_path):
+    port = free_port()
+    with running_server(
+        baseline_server_args(qwen3, port),
         port,
         baseline_server_env(),
         tmp_path / "baseline.log",
     ) as srv:
-        expected = _outputs(srv.base_url)
-    port = free_port()
-    args = baseline_server_args(target, port)
-    args += ["--enable-dp-attention", "--dp-size", "2", "--tp", "2"]
-    env = baseline_server_env(
-        EAGLE_GATE_CI_DP="1",
-        EAGLE_GATE_CI_SPEC_LOG="1",
-        # one core per rank; SGLang refuses more ranks than NUMA nodes otherwise
-        SGLANG_CPU_OMP_THREADS_BIND="0|1",
+        expected = answers(srv.base_url, STOCK)
+    assert dp_reference["stock"] == expected
+    assert all(len(ids) == 8 for ids in expected)
+    assert EXPECTED_SHIMS[VERSION] <= dp_reference["shims"], dp_reference["shims"]
+
+
+def test_dp_ranks_gate_together(
+    qwen3, dp_reference, spec_models, test_plugins, tmp_path
+):
+    _, draft = spec_models
+    t0 = time.monotonic()
+    policy = (
+        ["--gate-policy", "never"]
+        if VERSION == "0.5.23"
+        else ["--gate-policy", "schedule", "--gate-set", "pattern=s1,p2"]
     )
-    log = tmp_path / "dp_attention.log"
-    with running_server(args, port, env, log, ready_timeout_s=400) as srv:
-        got = _outputs(srv.base_url)
-    assert got == expected
-    assert all(len(ids) == NEW_TOKENS for ids in [got["alone"], *got["together"]])
-    shims = shim_first_calls(log.read_text(errors="replace"))
-    assert EXPECTED_SHIMS[sglang_env.version()] <= shims, shims
+    gate_args = [*policy, "--gate-status-dir", str(tmp_path / "status")]
+    port = free_port()
+    args = spec_server_args(qwen3, draft, port, launcher="gate", gate_args=gate_args)
+    env = spec_server_env(launcher="gate", EAGLE_GATE_OPS_INTERVAL_S="0.2", **DP_ENV)
+    env = with_pythonpath(env, test_plugins)
+    with running_server(
+        args + DP, port, env, tmp_path / "gated.log", ready_timeout_s=500
+    ) as srv:
+        got = answers(srv.base_url, GATED)
+        time.sleep(1.0)  # the ops threads rewrite the records
+        view = status(srv.base_url)
+    assert got == dp_reference["gated"]
+    ranks = sorted(view["schedulers"], key=lambda r: r["dp_rank"])
+    assert [r["dp_rank"] for r in ranks] == [0, 1], ranks
+    for r in ranks:
+        assert r["state"].startswith("gating EAGLE3, 3 steps, topk 1"), r["state"]
+        assert r["speculative"]["attn_dp_size"] == 2
+        assert r["plain_step_failures"] == 0 and r["internal_errors"] == 0
+        assert r["plain_graphs"]["reason"] == "dp_attention"
+    plain = [r["steps"]["plain"] for r in ranks]
+    spec = [r["steps"]["spec"] for r in ranks]
+    overruled = [r["overrides"].get("dp_ranks", 0) for r in ranks]
+    # PLAIN only together: both ranks ran the same PLAIN steps
+    assert plain[0] == plain[1] > 0, [r["steps"] for r in ranks]
+    if VERSION == "0.5.23":  # never: every step PLAIN, none overruled
+        assert spec == [0, 0] and overruled == [0, 0], (spec, overruled)
+    else:  # the request alone: its rank's PLAIN decisions overruled
+        assert max(overruled) >= 1, overruled
     note(
-        f"SGLang {sglang_env.version()}: DP attention (2 ranks) on CPU, "
-        f"{time.monotonic() - t0:.0f} s"
+        f"SGLang {VERSION}: DP attention gated (2 ranks): PLAIN {plain}, SPEC "
+        f"{spec}, overruled {overruled}, {time.monotonic() - t0:.0f} s"
     )

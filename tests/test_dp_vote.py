@@ -1,12 +1,11 @@
-"""The DP-attention vote (#24, groundwork): the protocol
+"""The DP-attention vote (#24): the protocol
 (``eagle_gate.adapters.dp_vote``), and the vote riding on each version's
 MLP-sync gather (``adapters/sglang_*/dp.py``: 0.5.23's own
 ``MLPSyncBatchInfo.all_gather`` with a wider row, 0.5.9's replaced at the
 row's width), driven by two gloo processes whose policies decide
 differently step by step.
 
-DP attention is still refused at launch: the worker side (the agreed mode in
-the worker, idle ranks' PLAIN steps) is not built yet.
+The gate under DP attention on real servers: ``tests/test_dp_attention_cpu.py``.
 """
 
 from __future__ import annotations

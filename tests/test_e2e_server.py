@@ -176,8 +176,9 @@ def test_unhandled_speculative_algorithm_is_refused_at_launch(tiny_model):
     ("flags", "message"),
     [
         (
-            ["--enable-dp-attention", "--dp-size", "2", "--tp-size", "2"],
-            "data-parallel attention",
+            ["--enable-dp-attention", "--dp-size", "2", "--tp-size", "2"]
+            + ["--gate-draft-sync", "lazy"],
+            "lazy under data-parallel attention",
         ),
         (["--pp-size", "2"], "pipeline parallelism"),
         pytest.param(

@@ -20,7 +20,7 @@ import sglang_env
 
 from eagle_gate import adapters
 from eagle_gate.adapters.refusals import (
-    DP_ATTENTION_REFUSAL,
+    DP_LAZY_REFUSAL,
     MULTI_LAYER_REFUSAL,
     GateRefused,
     check_built_worker,
@@ -248,7 +248,7 @@ def test_overlap_as_sglang_resolves_it(llama):
     assert ADAPTER.check_spec(spec, ENV)[0] is True
 
 
-def test_dp_replicas_are_gated_and_dp_attention_is_refused(llama):
+def test_dp_replicas_and_dp_attention_are_gated(llama):
     _, replicas = resolve(
         llama, "--speculative-algorithm", "EAGLE3", *CHAIN, "--dp-size", "2"
     )
@@ -261,9 +261,12 @@ def test_dp_replicas_are_gated_and_dp_attention_is_refused(llama):
         *("--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"),
     )
     assert attention.attn_dp_size == 2
+    # the ranks vote on each step's mode (adapters/dp_vote.py); lazy sync's
+    # catch-up would run on some ranks only
+    assert ADAPTER.check_spec(attention, ENV, draft_sync="eager")[0] is True
     with pytest.raises(GateRefused) as refused:
-        ADAPTER.check_spec(attention, ENV)
-    assert str(refused.value) == DP_ATTENTION_REFUSAL
+        ADAPTER.check_spec(attention, ENV, draft_sync="lazy")
+    assert str(refused.value) == DP_LAZY_REFUSAL
 
 
 def test_pd_decode_is_in_the_view_and_gated(llama):

@@ -153,23 +153,27 @@ ON_0_5_23_ONLY = pytest.mark.skipif(
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"attn_dp_size": 2, "dp_size": 2}, "data-parallel attention"),
+        # DP attention is gated (the vote), but not with lazy draft sync
+        ({"attn_dp_size": 2, "dp_size": 2}, "lazy under data-parallel attention"),
         ({"pp_size": 2}, "pipeline parallelism"),
     ],
 )
 def test_parallel_layouts_the_gate_cannot_coordinate_are_refused(
     adapter, fields, message
 ):
-    """DP attention: a PLAIN rank would report ``bs`` tokens to the MLP sync
-    while SPEC and idle ranks report ``bs * num_draft_tokens`` (a hang or
-    mixed activations). PP: the earlier stages pre-build the verify input,
-    so the gate could only run SPEC; refused rather than idle. DP replicas
-    without DP attention each gate their own batches."""
+    """DP attention with lazy draft sync: its catch-up extends run on the
+    ranks whose requests had PLAIN stretches only (the ranks' collectives
+    would stop matching); eager and none are gated, the ranks voting on each
+    step's mode. PP: the earlier stages pre-build the verify input, so the
+    gate could only run SPEC; refused rather than idle. DP replicas without
+    DP attention each gate their own batches."""
     from eagle_gate.adapters.resolved import ResolvedSpec
 
     spec = ResolvedSpec("EAGLE3", 3, 1, 4, **fields)
     with pytest.raises(adapters.GateRefused, match=message):
-        adapter.check_spec(spec, environ={"SGLANG_ENABLE_SPEC_V2": "1"})
+        adapter.check_spec(
+            spec, environ={"SGLANG_ENABLE_SPEC_V2": "1"}, draft_sync="lazy"
+        )
     replicas = ResolvedSpec("EAGLE3", 3, 1, 4, dp_size=2)
     assert adapter.check_spec(replicas, environ={"SGLANG_ENABLE_SPEC_V2": "1"})[0]
 

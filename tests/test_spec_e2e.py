@@ -878,10 +878,11 @@ def _refusal_cases():
     # auto-chosen shape: tests/test_resolved_launch.py.
     cases = [
         (["--enable-multi-layer-eagle"], {}, "multi-layer EAGLE"),
-        (
-            ["--enable-dp-attention", "--dp-size", "2", "--tp-size", "2"],
+        (  # gated with eager/none (tests/test_dp_attention_cpu.py)
+            ["--enable-dp-attention", "--dp-size", "2", "--tp-size", "2"]
+            + ["--gate-draft-sync", "lazy"],
             {},
-            "data-parallel attention",
+            "lazy under data-parallel attention",
         ),
         (["--pp-size", "2"], {}, "pipeline parallelism"),
     ]

@@ -54,8 +54,9 @@ ROW_FIELDS = (
 VOTE = DPVote()
 
 #: whether this version gates DP attention (else it is refused at launch):
-#: set once a real DP-attention server ran the vote end to end.
-GATES_DP_ATTENTION = False
+#: a real DP-attention server ran the vote end to end on CPU
+#: (tests/test_dp_attention_cpu.py).
+GATES_DP_ATTENTION = True
 
 
 def local_row(info: Any, device: Any, dtype: Any = None) -> Any:

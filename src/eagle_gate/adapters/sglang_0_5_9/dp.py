@@ -37,8 +37,9 @@ WIDTH = len(ROW_FIELDS) + 1
 VOTE = DPVote()  # this scheduler process's
 
 #: whether this version gates DP attention (else it is refused at launch):
-#: set once a real DP-attention server ran the vote end to end.
-GATES_DP_ATTENTION = False
+#: a real DP-attention server ran the vote end to end on CPU
+#: (tests/test_dp_attention_cpu.py).
+GATES_DP_ATTENTION = True
 
 
 def fallback_row(info: Any, device: Any, dtype: Any = None) -> Any:
