@@ -300,6 +300,20 @@ class GateRuntime:
         if log is not None:
             log.decision(step, self.view, decided, ran, override)
 
+    def decide_batch(self, batch: Any, defer_record: bool = False) -> tuple[Mode, int]:
+        """:meth:`decide` for an SGLang batch: its size, CPU lengths (0.5.23
+        may leave ``seq_lens_cpu`` / ``seq_lens_sum`` None: the view then sums
+        or estimates, only if a policy reads them), requests and the batch
+        itself for the plain step's blockers."""
+        return self.decide(
+            batch.seq_lens.shape[0],
+            batch.seq_lens_sum,
+            batch.seq_lens_cpu,
+            getattr(batch, "reqs", None),
+            batch,
+            defer_record,
+        )
+
     def record_agreed(self, step: int, batch_size: int, agreed: Mode) -> Mode:
         """Under DP attention: write the record :meth:`decide` deferred
         (``defer_record``) for ``step``, now that the ranks agreed on

@@ -151,14 +151,7 @@ def cast_for(vote: DPVote, runtime: Any, batch: Any) -> int:
             return vote.cast(None, busy=False)
         if runtime is None or runtime.dp_vote is not vote or not fm.is_decode():
             return vote.cast(None, busy=True)
-        mode, step = runtime.decide(
-            batch.seq_lens.shape[0],
-            batch.seq_lens_sum,
-            batch.seq_lens_cpu,
-            getattr(batch, "reqs", None),
-            batch,
-            defer_record=True,
-        )
+        mode, step = runtime.decide_batch(batch, defer_record=True)
     except Exception as exc:
         if runtime is not None:
             runtime.count_internal_error("casting the DP vote", exc)

@@ -98,18 +98,8 @@ def make_worker_wrapper(batch_param: str) -> Callable:
             return wrapped(*args, **kwargs)
         else:
             try:
-                # 0.5.23 may leave seq_lens_cpu / seq_lens_sum None (backends
-                # without CPU lengths, after filter/merge): the view then sums
-                # seq_lens_cpu or estimates from reqs, only if a policy reads
-                # it. PLAIN comes back only when the plain step can serve the
-                # batch.
-                mode, step = runtime.decide(
-                    batch.seq_lens.shape[0],
-                    batch.seq_lens_sum,
-                    batch.seq_lens_cpu,
-                    getattr(batch, "reqs", None),
-                    batch,
-                )
+                # PLAIN comes back only when the plain step can serve the batch
+                mode, step = runtime.decide_batch(batch)
             except Exception as exc:
                 runtime.count_internal_error("deciding", exc)
                 return wrapped(*args, **kwargs)
