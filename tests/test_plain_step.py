@@ -466,3 +466,16 @@ def test_the_plain_steps_draft_extends_are_counted_by_path(
     harness.prepare_for_decode(batch)
     assert lazy.before_spec(harness.worker, batch.get_model_worker_batch()) is True
     assert counted == ["eager", "eager", "graph"]  # one catch-up, bs 2 fits
+
+
+def test_the_blocker_judges_a_schedule_batch_as_its_worker_batch(harness, adapter):
+    """Under DP attention the gate decides at SGLang's MLP-sync gather, on the
+    ScheduleBatch (no ``lora_ids`` there: LoRA shows per request), not on the
+    ModelWorkerBatch the worker gets later: both give the same reason."""
+    batch = harness.prefill(PROMPTS[:2])
+    harness.prepare_for_decode(batch)
+    assert adapter.plain.plain_step_blocker(batch) is None
+    assert adapter.plain.plain_step_blocker(batch.get_model_worker_batch()) is None
+    batch.reqs[1].lora_id = "an-adapter"
+    assert adapter.plain.plain_step_blocker(batch) == "lora"
+    assert adapter.plain.plain_step_blocker(batch.get_model_worker_batch()) == "lora"

@@ -30,7 +30,11 @@ def plain_step_blocker(batch: Any) -> str | None:
     reason = step.common_plain_blocker(batch)
     if reason is not None:
         return reason
-    if any(lora is not None for lora in getattr(batch, "lora_ids", None) or ()):
+    lora_ids = getattr(batch, "lora_ids", None)
+    if lora_ids is None:  # a ScheduleBatch (judged at the DP gather): per request
+        reqs = getattr(batch, "reqs", None) or ()
+        lora_ids = [getattr(req, "lora_id", None) for req in reqs]
+    if any(lora is not None for lora in lora_ids):
         return "lora"
     spec = getattr(batch, "spec_info", None)
     if spec is None or getattr(spec, "verified_id", None) is None:
