@@ -37,10 +37,19 @@ Cost: three servers per version, about 4-5 min on two cores.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import sglang_env
-from support.gated_server import generate_many, status, with_pythonpath
+from support.gated_server import (
+    abort,
+    generate,
+    generate_many,
+    log_failures,
+    set_policy,
+    status,
+    with_pythonpath,
+)
 from support.qwen3_target import build_qwen3_target
 from support.server import free_port, running_server
 from support.spec_server import (
@@ -70,6 +79,10 @@ STOCK = [
 GATED = [[("One two three four", 12), ("Speculative decoding drafts", 12)]]
 if VERSION == "0.5.9":
     GATED.append([("Data parallel attention", 8)])
+#: 0.5.9 then: goodput switched on at runtime, one request per rank; and an
+#: abort during PLAIN steps (the victim on one rank, the keeper on the other)
+GOODPUT = [("Goodput under data parallel", 10), ("attention on two ranks", 10)]
+KEEPER = ("The keeper decodes on", 24)
 
 # Stand-ins whose first call the DP server's log must show: the padded-row
 # fill value proves a rank padded its batch (idle or smaller than the other's).
@@ -115,6 +128,8 @@ def dp_reference(qwen3, tmp_path_factory) -> dict:
         out = {
             "stock": answers(srv.base_url, STOCK),
             "gated": answers(srv.base_url, GATED),
+            "goodput": answers(srv.base_url, [GOODPUT]),
+            "keeper": answers(srv.base_url, [[KEEPER]])[0],
         }
     out["shims"] = shim_first_calls(log.read_text(errors="replace"))
     took = time.monotonic() - t0
@@ -149,7 +164,12 @@ def test_dp_ranks_gate_together(
     gate_args = [*policy, "--gate-status-dir", str(tmp_path / "status")]
     port = free_port()
     args = spec_server_args(qwen3, draft, port, launcher="gate", gate_args=gate_args)
-    env = spec_server_env(launcher="gate", EAGLE_GATE_OPS_INTERVAL_S="0.2", **DP_ENV)
+    env = spec_server_env(
+        launcher="gate",
+        EAGLE_GATE_OPS_INTERVAL_S="0.2",
+        EAGLE_GATE_CONTROL_EVERY="1",  # runtime changes at the next decode step
+        **DP_ENV,
+    )
     env = with_pythonpath(env, test_plugins)
     with running_server(
         args + DP, port, env, tmp_path / "gated.log", ready_timeout_s=500
@@ -157,7 +177,11 @@ def test_dp_ranks_gate_together(
         got = answers(srv.base_url, GATED)
         time.sleep(1.0)  # the ops threads rewrite the records
         view = status(srv.base_url)
+        if VERSION == "0.5.9":
+            later = goodput_and_abort(srv.base_url, dp_reference)
+        log = srv.log_path.read_text(errors="replace")
     assert got == dp_reference["gated"]
+    assert not log_failures(log), log[-4000:]
     ranks = sorted(view["schedulers"], key=lambda r: r["dp_rank"])
     assert [r["dp_rank"] for r in ranks] == [0, 1], ranks
     for r in ranks:
@@ -174,7 +198,43 @@ def test_dp_ranks_gate_together(
         assert spec == [0, 0] and overruled == [0, 0], (spec, overruled)
     else:  # the request alone: its rank's PLAIN decisions overruled
         assert max(overruled) >= 1, overruled
+    tail = f"; then {later}" if VERSION == "0.5.9" else ""
     note(
         f"SGLang {VERSION}: DP attention gated (2 ranks): PLAIN {plain}, SPEC "
-        f"{spec}, overruled {overruled}, {time.monotonic() - t0:.0f} s"
+        f"{spec}, overruled {overruled}, {time.monotonic() - t0:.0f} s{tail}"
     )
+
+
+def goodput_and_abort(base_url: str, reference: dict) -> str:
+    """0.5.9's DP-attention server, after the scripted steps: ``goodput``
+    switched on at runtime answers as the reference; then, every step PLAIN
+    (``never``), a request aborted mid-decode on one rank while the other's
+    keeper decodes on: the keeper's answer is untouched (its rank runs on
+    alone: SPEC, the aborted rank idle) and nothing failed."""
+    set_policy(base_url, "goodput")
+    assert answers(base_url, [GOODPUT]) == reference["goodput"]
+    policies = {r["policy"] for r in status(base_url)["schedulers"]}
+    assert policies == {"goodput"}, policies
+    set_policy(base_url, "never")
+
+    def plain_steps() -> int:
+        return sum(r["steps"]["plain"] for r in status(base_url)["schedulers"])
+
+    before = plain_steps()
+    with ThreadPoolExecutor(2) as pool:
+        victim = pool.submit(generate, base_url, "abort me please", 400, rid="victim")
+        keeper = pool.submit(generate, base_url, *KEEPER)
+        deadline = time.monotonic() + 120
+        while plain_steps() < before + 4:  # both ranks in PLAIN steps
+            assert time.monotonic() < deadline, "no PLAIN steps"
+            time.sleep(0.2)
+        assert abort(base_url, "victim") == 200
+        kept, aborted = keeper.result(), victim.result()
+    assert kept["output_ids"] == reference["keeper"]
+    assert aborted["meta_info"]["finish_reason"]["type"] == "abort"
+    time.sleep(1.0)
+    view = status(base_url)
+    assert view["ok"], view
+    for r in view["schedulers"]:
+        assert r["plain_step_failures"] == 0 and r["internal_errors"] == 0, r
+    return "goodput answered as the reference, an abort during PLAIN kept the keeper"
