@@ -34,7 +34,7 @@ adapter puts the column into its gather and reads it back.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from eagle_gate.policy import Mode
@@ -44,7 +44,6 @@ __all__ = ["IDLE", "WANTS_PLAIN", "WANTS_SPEC", "agreed_mode", "DPVote", "row"]
 IDLE = 0
 WANTS_PLAIN = 1
 WANTS_SPEC = 2
-_VOTES = (IDLE, WANTS_PLAIN, WANTS_SPEC)
 
 
 def agreed_mode(votes: Iterable[int]) -> Mode | None:
@@ -120,16 +119,10 @@ class DPVote:
         self.step = -1
         return out
 
-    @staticmethod
-    def check(vote: int) -> int:
-        if vote not in _VOTES:
-            raise ValueError(f"DP vote {vote!r}: expected one of {_VOTES}")
-        return vote
 
-
-def row(values: list, device: Any, dtype: Any = None) -> Any:
+def row(values: Sequence, device: Any, dtype: Any = None) -> Any:
     """A gather row as the versions build theirs: one int64 ``torch.tensor``
-    call (the vote costs no allocation beyond stock's)."""
+    call (the vote costs no allocation beyond stock's; booleans become 0/1)."""
     import torch
 
     return torch.tensor(values, device=device, dtype=dtype or torch.int64)
@@ -147,7 +140,7 @@ def cast_for(vote: DPVote, runtime: Any, batch: Any) -> int:
         return vote.cast(None, busy=False)
     try:
         fm = batch.forward_mode
-        if fm.is_idle() or (hasattr(fm, "is_prebuilt") and fm.is_prebuilt()):
+        if fm.is_idle() or fm.is_prebuilt():
             return vote.cast(None, busy=False)
         if runtime is None or runtime.dp_vote is not vote or not fm.is_decode():
             return vote.cast(None, busy=True)
@@ -157,11 +150,3 @@ def cast_for(vote: DPVote, runtime: Any, batch: Any) -> int:
             runtime.count_internal_error("casting the DP vote", exc)
         return vote.cast(None, busy=True)
     return vote.cast(mode, step)
-
-
-def env_on(environ: Any, name: str) -> bool:
-    """An SGLang boolean environment switch, read as SGLang reads it."""
-    import os
-
-    env = os.environ if environ is None else environ
-    return str(env.get(name, "")).strip().lower() in {"1", "true", "yes", "on"}

@@ -18,11 +18,11 @@ This module imports neither SGLang nor torch.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["ResolvedSpec", "sglang_decisions", "requested_flags"]
+__all__ = ["ResolvedSpec", "sglang_decisions", "requested_flags", "sglang_flag"]
 
 
 @dataclass(frozen=True)
@@ -151,3 +151,23 @@ def requested_flags(argv: Sequence[str]) -> argparse.Namespace:
         parser.add_argument(flag, action="store_true")
     flags, _ = parser.parse_known_args(list(argv))
     return flags
+
+
+def sglang_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """SGLang's boolean environment switch ``name`` as SGLang itself reads it:
+    parsed by its own ``envs.<name>`` field (both versions accept "true",
+    "1", "yes", "y"), its default when unset or malformed. ``environ``: the
+    environment a launch hands SGLang (the process's own when None)."""
+    import os
+
+    from sglang.srt.environ import envs
+
+    field = getattr(envs, name)
+    raw = (os.environ if environ is None else environ).get(name)
+    default = field.default() if callable(field.default) else field.default
+    if raw is None:
+        return bool(default)
+    try:
+        return bool(field.parse(raw))
+    except ValueError:
+        return bool(default)

@@ -25,11 +25,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from eagle_gate.adapters.dp_vote import env_on
 from eagle_gate.adapters.hooks import version_patches
 from eagle_gate.adapters.patching import PatchTarget
 from eagle_gate.adapters.refusals import GateRefused, check_speculation
-from eagle_gate.adapters.resolved import ResolvedSpec
+from eagle_gate.adapters.resolved import ResolvedSpec, sglang_flag
 from eagle_gate.adapters.sglang_0_5_23 import dp, graphs, plain  # noqa: F401
 from eagle_gate.adapters.sglang_0_5_23.resolve import (  # noqa: F401 (adapter API)
     resolve_argv,
@@ -93,7 +92,7 @@ def check_spec(
                 "would fight eagle_gate over the same decision; use one of them",
             ),
             (
-                spec.attn_dp_size > 1 and env_on(environ, DP_PREFILL_COORDINATION),
+                spec.attn_dp_size > 1 and sglang_flag(DP_PREFILL_COORDINATION, environ),
                 f"{DP_PREFILL_COORDINATION}=1 with data-parallel attention is "
                 "refused: SGLang then runs decode rows inside other ranks' extend "
                 "steps, which the gate's vote does not cover; unset it",

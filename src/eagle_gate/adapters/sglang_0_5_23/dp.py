@@ -20,6 +20,7 @@ SGLang's own, column for column, so a drift fails there.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from eagle_gate.adapters.dp_vote import DPVote, row
@@ -49,6 +50,7 @@ ROW_FIELDS = (
     "is_health_check",
     "attention_pairs",
 )
+_ROW_VALUES = attrgetter(*ROW_FIELDS)
 
 #: the vote of this scheduler process (one scheduler thread per process).
 VOTE = DPVote()
@@ -61,24 +63,7 @@ GATES_DP_ATTENTION = True
 
 def local_row(info: Any, device: Any, dtype: Any = None) -> Any:
     """0.5.23's ``_get_local_tensor``, this rank's vote in a 12th column."""
-    return row(
-        [
-            info.num_tokens,
-            info.num_tokens_for_logprob,
-            int(info.can_run_decode_cuda_graph),
-            int(info.is_extend_in_batch),
-            int(info.local_can_run_tbo),
-            info.local_forward_mode,
-            int(info.can_run_prefill_cuda_graph),
-            info.prefill_cuda_graph_max_prefix_len,
-            int(info.can_run_draft_cuda_graph),
-            int(info.is_health_check),
-            info.attention_pairs,
-            VOTE.local,
-        ],
-        device,
-        dtype,
-    )
+    return row((*_ROW_VALUES(info), VOTE.local), device, dtype)
 
 
 def fallback_row(info: Any, device: Any, dtype: Any = None) -> Any:

@@ -16,6 +16,7 @@ from eagle_gate.adapters.plain.capture import (
 )
 from eagle_gate.adapters.plain.graphs import plain_decode_pins
 from eagle_gate.adapters.plain.tensors import swap_attrs
+from eagle_gate.adapters.resolved import sglang_flag
 
 #: what the plain step's DECODE CUDA graphs use (docs/plain-graphs.md §3):
 #: checked, not wrapped.
@@ -83,8 +84,6 @@ def _plain_runner_cls() -> Any:
 
 def version_blockers(model_runner: Any, server_args: Any) -> str | None:
     """0.5.23's reasons the plain step gets no DECODE graphs (§5.4)."""
-    import os
-
     from sglang.srt.model_executor.cuda_graph_config import (
         Backend,
         Phase,
@@ -111,10 +110,7 @@ def version_blockers(model_runner: Any, server_args: Any) -> str | None:
             return "forward_hooks"
     except (ImportError, ValueError):
         pass
-    if any(
-        os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
-        for name in POOL_BORROW_ENV
-    ):
+    if any(sglang_flag(name) for name in POOL_BORROW_ENV):
         return "graph_pool_borrow"
     return None
 

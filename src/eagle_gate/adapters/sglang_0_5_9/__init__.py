@@ -20,11 +20,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from eagle_gate.adapters.dp_vote import env_on
 from eagle_gate.adapters.hooks import version_patches
 from eagle_gate.adapters.patching import PatchTarget
 from eagle_gate.adapters.refusals import GateRefused, check_speculation
-from eagle_gate.adapters.resolved import ResolvedSpec
+from eagle_gate.adapters.resolved import ResolvedSpec, sglang_flag
 from eagle_gate.adapters.sglang_0_5_9 import dp, fixes, graphs, plain  # noqa: F401
 from eagle_gate.adapters.sglang_0_5_9.resolve import (  # noqa: F401 (adapter API)
     resolve_argv,
@@ -92,7 +91,7 @@ def check_spec(
                 "only uses with overlap scheduling: drop --disable-overlap-schedule",
             ),
             (
-                spec.attn_dp_size > 1 and env_on(env, SKIP_ALL_GATHER),
+                spec.attn_dp_size > 1 and sglang_flag(SKIP_ALL_GATHER, env),
                 f"{SKIP_ALL_GATHER}=1 with data-parallel attention is refused: "
                 "the DP ranks then run without the MLP-sync gather that carries "
                 "the gate's vote on the mode; unset it",

@@ -15,6 +15,7 @@ to cast the vote (``hooks.dp_cast_wrapper``).
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from eagle_gate.adapters.dp_vote import DPVote, row
@@ -33,6 +34,7 @@ ROW_FIELDS = (
     "local_forward_mode",
 )
 WIDTH = len(ROW_FIELDS) + 1
+_ROW_VALUES = attrgetter(*ROW_FIELDS)
 
 VOTE = DPVote()  # this scheduler process's
 
@@ -51,19 +53,7 @@ def fallback_row(info: Any, device: Any, dtype: Any = None) -> Any:
 
 def local_row(info: Any, device: Any, dtype: Any = None) -> Any:
     """0.5.9's ``_get_local_tensor``, this rank's vote in a 7th column."""
-    return row(
-        [
-            info.num_tokens,
-            info.num_tokens_for_logprob,
-            int(info.can_cuda_graph),
-            int(info.is_extend_in_batch),
-            int(info.local_can_run_tbo),
-            info.local_forward_mode,
-            VOTE.local,
-        ],
-        device,
-        dtype,
-    )
+    return row((*_ROW_VALUES(info), VOTE.local), device, dtype)
 
 
 def all_gather(info: Any, device: Any, group: Any) -> None:
