@@ -295,6 +295,11 @@ class GateRuntime:
         if self._defer:
             self._deferred = (decided, ran, override)
             return
+        self._write(step, batch_size, decided, ran, override)
+
+    def _write(
+        self, step: int, batch_size: int, decided: int, ran: Mode, override: str | None
+    ) -> None:
         self.ring.write(step, batch_size, decided, ran)
         log = self.decision_log
         if log is not None:
@@ -325,10 +330,7 @@ class GateRuntime:
             override = Overrides.DP_RANKS
             self.counters.count_override(override)
         ran = Mode.PLAIN if ran is Mode.PLAIN and agreed is Mode.PLAIN else Mode.SPEC
-        self.ring.write(step, batch_size, decided, ran)
-        log = self.decision_log
-        if log is not None:
-            log.decision(step, self.view, decided, ran, override)
+        self._write(step, batch_size, decided, ran, override)
         return ran
 
     def _ran_spec(
