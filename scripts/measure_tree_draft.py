@@ -52,7 +52,12 @@ from support.gated_server import (
 )
 from support.model_cache import spec_models
 from support.server import free_port, running_server
-from support.spec_server import spec_server_args, spec_server_env
+from support.spec_server import (
+    SHAPE_FLAGS,
+    spec_server_args,
+    spec_server_env,
+    without_shape,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 LIFT = REPO / "tests" / "support" / "tree_lift"
@@ -67,25 +72,8 @@ PROMPTS = [
 def tree_args(argv: list[str], steps: int | None, topk: int | None, tokens: int | None):
     """The spec server's command line with the chain shape flags replaced:
     ``None`` everywhere drops them (SGLang then chooses its own shape)."""
-    out: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in (
-            "--speculative-num-steps",
-            "--speculative-eagle-topk",
-            "--speculative-num-draft-tokens",
-        ):
-            skip = True
-            continue
-        out.append(a)
-    for flag, value in (
-        ("--speculative-num-steps", steps),
-        ("--speculative-eagle-topk", topk),
-        ("--speculative-num-draft-tokens", tokens),
-    ):
+    out = without_shape(argv)
+    for flag, value in zip(SHAPE_FLAGS, (steps, topk, tokens), strict=True):
         if value is not None:
             out += [flag, str(value)]
     return out
@@ -139,7 +127,6 @@ def main() -> int:
     parser.add_argument("--sync", default="eager", choices=("eager", "none"))
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--work", type=Path, default=REPO / "build" / "tree-draft")
-    parser.add_argument("--overlap", action="store_true", default=True)
     args = parser.parse_args()
     shape = (
         (None, None, None)

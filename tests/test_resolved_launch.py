@@ -24,27 +24,14 @@ import subprocess
 
 import sglang_env
 from support.server import free_port
-from support.spec_server import spec_server_args, spec_server_env
+from support.spec_server import spec_server_args, spec_server_env, without_shape
 
 VERSION = sglang_env.version()
-SHAPE = (
-    "--speculative-num-steps",
-    "--speculative-eagle-topk",
-    "--speculative-num-draft-tokens",
-)
 CHOSEN_BY_SGLANG = "SGLang chose this shape itself"
 WHAT_TO_PASS = (
     "ass --speculative-num-steps 5 --speculative-eagle-topk 1 "
     "--speculative-num-draft-tokens 6"
 )  # "Pass ..." or "..., or pass ..."
-
-
-def without_shape(args: list[str]) -> list[str]:
-    out = list(args)
-    for flag in SHAPE:
-        at = out.index(flag)
-        del out[at : at + 2]
-    return out
 
 
 def with_flag(args: list[str], flag: str, value: str) -> list[str]:

@@ -55,6 +55,7 @@ from support.spec_server import (
     baseline_server_env,
     spec_server_args,
     spec_server_env,
+    without_shape,
 )
 from support.timings import note
 
@@ -953,19 +954,12 @@ def test_sglangs_own_tree_is_gated_with_eager_sync(
     target, draft = spec_models
     t0 = time.monotonic()
     port = free_port()
-    shape = {
-        "--speculative-num-steps",
-        "--speculative-eagle-topk",
-        "--speculative-num-draft-tokens",
-    }
     gate_args = [
         "--gate-policy", "schedule", "--gate-set", f"pattern={TREE_PATTERN}",
         "--gate-status-dir", str(tmp_path / "status"),
     ]  # fmt: skip
     args = spec_server_args(target, draft, port, launcher="gate", gate_args=gate_args)
-    args = [
-        a for i, a in enumerate(args) if a not in shape and args[i - 1] not in shape
-    ]
+    args = without_shape(args)
     extra = {"EAGLE_GATE_OPS_INTERVAL_S": "0.2", "SGLANG_IS_IN_CI": "1"}
     env = with_pythonpath(spec_server_env(launcher="gate", **extra), test_plugins)
     requests = [(p, TREE_NEW) for p in DRAFT_PROMPTS[:TREE_REQUESTS]]

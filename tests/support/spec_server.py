@@ -41,6 +41,25 @@ SPEC_TOPK = 1
 SPEC_DRAFT_TOKENS = 4
 
 
+#: the draft-shape flags; without them SGLang chooses a shape itself.
+SHAPE_FLAGS = (
+    "--speculative-num-steps",
+    "--speculative-eagle-topk",
+    "--speculative-num-draft-tokens",
+)
+
+
+def without_shape(args: Sequence[str]) -> list[str]:
+    """``args`` without the draft-shape flags and their values (SGLang then
+    chooses the shape: a tree of 5 steps, topk 4, 8 draft tokens for a
+    Llama target)."""
+    out = list(args)
+    for flag in SHAPE_FLAGS:
+        at = out.index(flag)
+        del out[at : at + 2]
+    return out
+
+
 def sglang_version() -> str:
     return metadata.version("sglang")
 
