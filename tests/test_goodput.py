@@ -296,6 +296,51 @@ def test_dearer_resync_switches_less():
     assert counts[1] < counts[0]
 
 
+@pytest.mark.parametrize("initial", ["spec", "plain"])
+def test_a_huge_switch_cost_stays_put(initial):
+    """``switch_cost`` set far above the probe budget (an operator who knows
+    a switch costs more than the intervals show): the policy never leaves its
+    initial mode, not even for the first look at the other one, though the
+    other mode is twice as fast. The control below (default ``switch_cost``)
+    leaves within a few hundred steps, so a policy ignoring the setting fails."""
+    if initial == "spec":  # PLAIN twice as fast: 1.5 tokens in 30 ms vs 1 in 10
+        world = dict(t_plain=0.010, t_spec=0.030, acc=1.5)
+    else:  # SPEC twice as fast: 3.3 tokens in 9 ms vs 1 in 5.4
+        world = dict(t_plain=0.0054, t_spec=0.009, acc=3.3, p1=0.8)
+    other = Mode.PLAIN if initial == "spec" else Mode.SPEC
+    values = validate_settings(
+        "goodput", GOODPUT_SETTINGS, {"switch_cost": "1e6", "initial_mode": initial}
+    )
+    pol = Goodput(**values)
+    modes, _ = drive(pol, 3000, 2, resync=0.002, **world)
+    assert other not in modes
+    assert pol.switches == 0 and pol.explored_share == 0.0
+    assert pol.estimates()["switch_rel"] == 1e6
+    control = Goodput(initial_mode=initial)
+    modes, _ = drive(control, 3000, 2, resync=0.002, **world)
+    assert share(modes, other, last=2000) > 0.95
+
+
+def test_a_moderate_switch_cost_switches_less_but_still_follows():
+    """Below the probe budget ``switch_cost`` is a floor under the measured
+    resync: fewer switches on a batch flipping across the crossover, and the
+    policy still reaches the better mode of a steady world."""
+    counts = []
+    for cost in (0.0, 8.0):
+        pol = Goodput(switch_cost=cost)
+        drive(pol, 4000, _flipping, _tp, _ts, 3.0, resync=0.0005)
+        counts.append(pol.switches)
+    assert counts[1] < counts[0], counts
+    pol = Goodput(switch_cost=8.0)
+    modes, _ = drive(pol, 3000, 4, 0.011, 0.030, 2.2, resync=0.004)
+    assert share(modes, Mode.PLAIN, last=2000) > 0.95
+
+
+def test_switch_cost_out_of_range_fails_naming_it():
+    with pytest.raises(SettingsError, match="'switch_cost'"):
+        validate_settings("goodput", GOODPUT_SETTINGS, {"switch_cost": "-1"})
+
+
 # -- acceptance ----------------------------------------------------------------------
 
 

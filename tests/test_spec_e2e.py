@@ -140,6 +140,7 @@ DRAFT_PROMPTS = [
     for i in range(DRAFT_REQUESTS)
 ]
 DRAFT_NEW = 128  # the reference; each request asks for what it needs
+SWITCH_COST_NEW = 40  # the huge-switch-cost check: a prefix of draft-0
 #: Margins of the draft-state check. Clean eager servers, measured: 0.5.9
 #: differs from the offline draft at 3 of ~200 SPEC steps (the same 3 in
 #: every run, SPEC steps after SPEC steps, near-tied draft logits), 0.5.23 at
@@ -1114,3 +1115,30 @@ def test_goodput_at_batch_1_on_a_live_server(reference, gated):
         last = [r["decided"] for r in ran[-8:]]
         # a probe of the other mode may sit among the last steps
         assert last.count(better) >= len(last) // 2, (better, last, est)
+
+
+def test_goodput_with_a_huge_switch_cost_stays_put(reference, gated):
+    """#23: with a switch cost set far above the probe budget the policy stays
+    in its mode on a real server, started in either one (without the setting
+    it takes a first look at the other mode within its first steps, so a
+    policy that ignored the setting would fail here); outputs identical."""
+    operations_only(gated)
+    prompt, want = DRAFT_PROMPTS[0], ids(reference["draft-0"])[:SWITCH_COST_NEW]
+    for initial in ("plain", "spec"):
+        before = scheduler_status(gated.base_url)
+        version = set_policy(
+            gated.base_url, "goodput", switch_cost=1e6, initial_mode=initial
+        )
+        assert ids(generate(gated.base_url, prompt, SWITCH_COST_NEW)) == want
+        after = scheduler_status(gated.base_url)
+        records = logged_since(gated, int(before["step"]), counted_steps(before, after))
+        decisions = decisions_under(records, version)
+        ran = {r["step"]: r["mode"] for r in records if r["kind"] == "outcome"}
+        modes = [(d["decided"], d["ran"], ran[d["step"]]) for d in decisions]
+        assert len(modes) >= 15, modes
+        assert set(modes) == {(initial, initial, initial)}, modes
+        est = after["estimates"]
+        assert est["switches"] == 0 and est["explored_share"] == 0, est
+        assert est["switch_rel"] == 1e6, est
+        assert after["policy_errors"] == 0, after["policy_errors_by_reason"]
+    set_policy(gated.base_url, "never")

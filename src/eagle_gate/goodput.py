@@ -219,11 +219,12 @@ class Goodput:
 
     __slots__ = (
         "max_explore_share", "explore_cost", "stale_steps", "switch_overhead",
-        "probe_steps", "home", "switches", "_times", "_acc", "_p1", "_p1_ref",
-        "_first_spec", "_req_spec", "_first_plain", "_req_plain", "_accept", "_s",
-        "_resync_rel", "_n_resync", "_dwell", "_margin", "_switch_step",
-        "_entry_step", "_last", "_probe_left", "_probe_mode", "_credit",
-        "_credit_cap", "_decided", "_probed", "_prev_mode", "_next_check",
+        "switch_cost", "probe_steps", "home", "switches", "_times", "_acc",
+        "_p1", "_p1_ref", "_first_spec", "_req_spec", "_first_plain",
+        "_req_plain", "_accept", "_s", "_resync_rel", "_switch_rel",
+        "_n_resync", "_dwell", "_margin", "_switch_step", "_entry_step",
+        "_last", "_probe_left", "_probe_mode", "_credit", "_credit_cap",
+        "_decided", "_probed", "_prev_mode", "_next_check",
     )  # fmt: skip
 
     def __init__(
@@ -232,6 +233,7 @@ class Goodput:
         explore_cost: float = 0.01,
         stale_steps: int = 256,
         switch_overhead: float = 0.05,
+        switch_cost: float = 0.0,
         probe_steps: int = 3,
         initial_mode: str = "spec",
         ema_alpha: float | None = None,
@@ -252,6 +254,7 @@ class Goodput:
         self.explore_cost = float(explore_cost)
         self.stale_steps = int(stale_steps)
         self.switch_overhead = float(switch_overhead)
+        self.switch_cost = float(switch_cost)
         self.probe_steps = max(2, int(probe_steps))
         #: the mode chosen (probes aside).
         self.home = _PLAIN if initial_mode == "plain" else _SPEC
@@ -265,7 +268,7 @@ class Goodput:
         self._accept = 0.0  # A for the decision (0: not measured)
         self._s = 3  # draft tokens per SPEC step (num_draft_tokens - 1)
         self._resync_rel = _RESYNC_PRIOR
-        self._update_switch_costs()  # _dwell, _margin
+        self._update_switch_costs()  # _switch_rel, _dwell, _margin
         self._switch_step = self._entry_step = -(1 << 62)
         self._last = [-(1 << 62), -(1 << 62)]  # step of each mode's last sample
         self._probe_mode = self._prev_mode = self.home
@@ -292,8 +295,9 @@ class Goodput:
             self._s = view.num_draft_tokens - 1
             if fit_h.w == 0.0:
                 return home
-            cost = self.probe_steps * fit_h.predict(b) * (1.0 + self._resync_rel)
-            if not self._afford(cost, 0.0, _LONG_PROBE * cost):
+            t = self.probe_steps * fit_h.predict(b)
+            long_cost = _LONG_PROBE * t * (1.0 + self._resync_rel)
+            if not self._afford(t * (1.0 + self._switch_rel), 0.0, long_cost):
                 return home
             return self._probe(away, 0)
         t_h = fit_h.predict(b)
@@ -332,8 +336,9 @@ class Goodput:
         ):
             self._next_check = step + _CHECK_EVERY
             n = self.probe_steps
-            rr = self._resync_rel * (t_a if away is _SPEC else t_h)
-            long_cost = _LONG_PROBE * n * t_a + rr
+            t_s = t_a if away is _SPEC else t_h  # (the resync is a SPEC step's)
+            rr = self._switch_rel * t_s  # what the switch costs
+            long_cost = _LONG_PROBE * n * t_a + self._resync_rel * t_s
             reserve = 0.0
             se2 = fit_a.res * fit_a.leverage(b) + fit_h.res * fit_h.leverage(b)
             if home is _PLAIN:  # acceptance is part of what SPEC's estimate lacks
@@ -363,7 +368,9 @@ class Goodput:
     def _afford(self, cost: float, reserve: float, long_cost: float) -> bool:
         """Pay ``cost`` seconds from the probe budget if it holds them beyond
         ``reserve``. The budget earns ``max_explore_share`` of every timed
-        step, up to ``_CREDIT_PROBES`` long probes' worth (it starts full)."""
+        step, up to ``_CREDIT_PROBES`` long probes' worth (it starts full),
+        each with its *measured* resync: a ``switch_cost`` above that never
+        fits, and the policy stays in its mode (what such a setting asks)."""
         cap = _CREDIT_PROBES * long_cost
         if self._credit_cap == 0.0:
             self._credit = cap
@@ -465,10 +472,14 @@ class Goodput:
             self._p1_ref = p_now
 
     def _update_switch_costs(self) -> None:
-        """Dwell and margin from the measured resync: resyncs at most
-        ``switch_overhead`` of the time, and a switch must gain its resync
-        back within ``stale_steps``."""
+        """What a switch costs (the measured resync, at least ``switch_cost``),
+        and from it the dwell and margin: resyncs at most ``switch_overhead``
+        of the time, and a switch must gain its cost back within
+        ``stale_steps``."""
         rr = self._resync_rel
+        if rr < self.switch_cost:
+            rr = self.switch_cost
+        self._switch_rel = rr
         self._dwell = max(_MIN_DWELL, math.ceil(rr / self.switch_overhead))
         self._margin = rr / self.stale_steps
 
@@ -490,6 +501,7 @@ class Goodput:
             "first_accept_plain_now": float(self._p1.slow),
             "acceptance_restarts": float(self._acc.restarts + self._p1.restarts),
             "resync_rel": float(self._resync_rel),
+            "switch_rel": float(self._switch_rel),
             "dwell_steps": float(self._dwell),
             "explored_share": float(self.explored_share),
             "switches": float(self.switches),
@@ -528,6 +540,10 @@ GOODPUT_SETTINGS = {
     "switch_overhead": _S(float, 0.05, "largest share of the time spent on draft "
                           "resyncs: SPEC is entered at most once per measured "
                           "resync over this", 0.001, 1.0),
+    "switch_cost": _S(float, 0.0, "a switch costs at least this many SPEC steps "
+                      "(the draft's resync; the measured one when larger). Beyond "
+                      "the probe budget (from about 10) the policy never probes "
+                      "and stays in its mode", 0.0, 1e9),
     "probe_steps": _S(int, 3, "steps in one probe (4x while uncertain)", 2, 64),
     "initial_mode": _S(str, "spec", "mode before anything was measured",
                        choices=("spec", "plain")),
