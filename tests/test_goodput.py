@@ -424,6 +424,45 @@ def test_a_constant_offset_of_the_plain_side_cancels():
     assert moved is not None and moved <= 60, moved
 
 
+def test_a_recovery_the_plain_side_followed_survives_the_next_spec_step():
+    """While PLAIN runs, first-position agreement drops (a detected change:
+    the accept length restarts low) and then climbs back gradually (followed
+    through the ratio, never detected). The first SPEC step afterwards must
+    start from what the PLAIN side says now, not from the low restart value:
+    before this was kept, a seed of the load-down case stayed in PLAIN for
+    ~500 steps at batch 1 where SPEC was 23% ahead."""
+    pol = Goodput()
+    b, step = 8, 0
+    rng = random.Random(1)
+
+    def plain(p1):
+        nonlocal step
+        matches = sum(rng.random() < p1 for _ in range(b))
+        pol.observe(StepOutcome(Mode.PLAIN, b, b, (1,) * b, 0.01, step, matches))
+        step += 1
+
+    def spec(accept):
+        nonlocal step
+        lens = (accept,) * b
+        pol.observe(StepOutcome(Mode.SPEC, b, accept * b, lens, 0.02, step))
+        step += 1
+
+    for _ in range(300):
+        plain(0.75)
+    for _ in range(40):
+        spec(3)
+    assert pol.estimates()["accept_length"] == pytest.approx(3.0)
+    for _ in range(6):
+        plain(0.25)  # detected: the accept length restarts from a low value
+    low = pol.estimates()["accept_length_spec"]
+    assert low < 2.0, low
+    for i in range(700):
+        plain(0.25 + 0.5 * min(1.0, i / 100))  # climbs back, step by step
+    assert pol.estimates()["accept_length"] > 2.6  # followed
+    spec(3)
+    assert pol.estimates()["accept_length"] > 2.8, pol.estimates()
+
+
 # -- close calls ---------------------------------------------------------------------
 
 

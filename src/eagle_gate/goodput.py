@@ -411,6 +411,8 @@ class Goodput:
         if mode is _SPEC or mode == 0:
             mode = _SPEC
             acc = self._acc
+            if prev is not _SPEC:
+                self._rebase(acc)
             acc.add(outcome.tokens / b, b)
             self._first_spec += b - outcome.accept_lens.count(1)
             self._req_spec += b
@@ -470,6 +472,18 @@ class Goodput:
             acc.restart(a)
             acc.fast = a
             self._p1_ref = p_now
+
+    def _rebase(self, acc: _Level) -> None:
+        """First SPEC step after PLAIN: where the PLAIN side moved the
+        decision's acceptance beyond the SPEC estimate's noise, restart that
+        estimate from it (as on a detected change). Without this a change
+        the PLAIN side *followed* but never *detected* (a recovery after a
+        false restart, a gradual drift) is forgotten at the next SPEC step."""
+        a = self._accept
+        d = a - acc.slow
+        if acc.n and d * d > _Z_CHANGE2 * acc.var / acc.n:
+            acc.restart(a)
+            acc.fast = a
 
     def _update_switch_costs(self) -> None:
         """What a switch costs (the measured resync, at least ``switch_cost``),
