@@ -114,6 +114,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", default="seed-pcie-tp8")
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seed-start", type=int, default=0, help="first seed")
     ap.add_argument("--before", type=int, default=3000)
     ap.add_argument("--after", type=int, default=6000)
     ap.add_argument("--sync", choices=("eager", "none"), default="eager")
@@ -131,7 +132,11 @@ def main() -> None:
     prof = get_profile(args.profile)
     print(f"profile {prof.name}: steps to the better mode after a step change")
     print(f"(draft sync {args.sync}: PLAIN draft_matches {args.sync == 'eager'})")
-    print(f"(median / largest over {args.seeds} seeds; stays {STAY} steps after)")
+    last = args.seed_start + args.seeds - 1
+    print(
+        f"(median / largest over seeds {args.seed_start}-{last}; stays {STAY} "
+        "steps after)"
+    )
     print()
     print("| change | better mode | from initial spec | from initial plain |")
     print("|---|---|---:|---:|")
@@ -150,7 +155,7 @@ def main() -> None:
                     make,
                     args.sync == "eager",
                 )
-                for s in range(args.seeds)
+                for s in range(args.seed_start, args.seed_start + args.seeds)
             ]
             if any(c is None for c in counts):
                 never = sum(c is None for c in counts)
