@@ -84,6 +84,21 @@ def test_bad_settings_name_key_value_and_allowed(assignment, fragments):
         assert fragment in str(err.value)
 
 
+def test_goodput_switch_cost_from_the_command_line():
+    # #23: "--gate-set forcing a huge switch cost" is a launch flag like any
+    # other: resolved, typed, and refused out of range before a model loads
+    config = resolve_config(
+        environ={},
+        cli_policy="goodput",
+        cli_sets=["switch_cost=1e6", "initial_mode=plain"],
+    )
+    assert config.settings["switch_cost"] == 1e6
+    assert config.settings["initial_mode"] == "plain"
+    with pytest.raises(ConfigError) as err:
+        resolve_config(environ={}, cli_policy="goodput", cli_sets=["switch_cost=-1"])
+    assert "'switch_cost'" in str(err.value) and "'-1'" in str(err.value)
+
+
 def test_wrong_type_in_config_file_names_file(tmp_path):
     path = write(tmp_path, 'policy = "threshold"\n[settings]\nplain_above = "eight"\n')
     with pytest.raises(ConfigError) as err:
