@@ -446,6 +446,11 @@ class Goodput:
                 changed = p1.add(m / b, b)
                 if self._p1_ref > 0.0:
                     self._update_accept(p1.slow, changed)
+                    if changed and self.home is _PLAIN:
+                        # SPEC's estimate moved without a SPEC sample: the
+                        # probe that checks it is paid now, not in ~1,000
+                        # steps of budget (a long SPEC probe at batch 1)
+                        self._credit = self._credit_cap
             if dt is None or dt <= 0.0:
                 return
             fit = self._times[1]
