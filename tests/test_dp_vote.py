@@ -155,6 +155,9 @@ for step, c in enumerate(plan):
     tokens.append(info.global_num_tokens)
 print(json.dumps({"rank": rank, "modes": "".join(modes), "tokens": tokens,
                   "disagreements": dp.VOTE.disagreements}))
+# both ranks reach the teardown together: gloo aborts a process ("terminate
+# called without an active exception") whose peer tears down mid-exchange
+dist.barrier()
 dist.destroy_process_group()
 """
 

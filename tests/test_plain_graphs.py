@@ -839,6 +839,9 @@ graphs = build_plain_graphs(Adapter(), sched, GateConfig("never"), tp_rank=rank,
                             memory_mib=lambda mr: free)
 print(json.dumps({"rank": rank, "state": graphs.state, "reason": graphs.reason,
                   "built": Adapter.built}))
+# both ranks reach the teardown together: gloo aborts a process ("terminate
+# called without an active exception") whose peer tears down mid-exchange
+dist.barrier()
 dist.destroy_process_group()
 """
 

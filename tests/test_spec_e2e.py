@@ -1140,5 +1140,7 @@ def test_goodput_with_a_huge_switch_cost_stays_put(reference, gated):
         est = after["estimates"]
         assert est["switches"] == 0 and est["explored_share"] == 0, est
         assert est["switch_rel"] == 1e6, est
-        assert after["policy_errors"] == 0, after["policy_errors_by_reason"]
+        # (earlier tests on this server raise on purpose: count only these)
+        errors = after["policy_errors_by_reason"]
+        assert errors == before["policy_errors_by_reason"], errors
     set_policy(gated.base_url, "never")

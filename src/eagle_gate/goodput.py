@@ -549,7 +549,8 @@ _S = Setting
 # fmt: off
 GOODPUT_SETTINGS = {
     "max_explore_share": _S(float, 0.03, "largest share of the decode time spent "
-                            "probing the mode not chosen", 0.0, 0.5),
+                            "probing the mode not chosen (a change detected "
+                            "while PLAIN runs refills it)", 0.0, 0.5),
     "explore_cost": _S(float, 0.01, "re-probe a clear decision only when the "
                        "probe's expected loss is at most this share of the time "
                        "since the other mode was measured", 0.0001, 0.5),

@@ -49,6 +49,9 @@ for step in range(24):
     if rt.config_version and switched is None:
         switched = step
 print(json.dumps({"rank": rank, "switched": switched, "policy": rt.config.policy}))
+# both ranks reach the teardown together: gloo aborts a process ("terminate
+# called without an active exception") whose peer tears down mid-exchange
+dist.barrier()
 dist.destroy_process_group()
 """
 
