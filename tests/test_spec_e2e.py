@@ -22,6 +22,7 @@ every test of one configuration (pytest groups the tests by the module-scoped
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -1110,7 +1111,13 @@ def test_goodput_at_batch_1_on_a_live_server(reference, gated):
     assert est["accept_length_spec"] > 1.3, est  # the trained draft accepts
     spec_s = est.get("spec_step_s_at_mean_batch")
     plain_s = est.get("plain_step_s_at_mean_batch")
-    if spec_s and plain_s:
+    # a close call (the two rates within 10%: on CPU SPEC and PLAIN are near
+    # at batch 1) may end either way within the policy's margin and noise
+    if (
+        spec_s
+        and plain_s
+        and abs(math.log(est["accept_length"] * plain_s / spec_s)) > 0.1
+    ):
         better = "spec" if est["accept_length"] / spec_s > 1.0 / plain_s else "plain"
         last = [r["decided"] for r in ran[-8:]]
         # a probe of the other mode may sit among the last steps
