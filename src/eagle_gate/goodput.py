@@ -137,8 +137,9 @@ class _Level:
 
     def restart(self, value: float) -> None:
         """It changed: start the slow mean afresh, from ``value`` (what the
-        recent requests say), with the fast EMA's weight."""
-        self.slow = value
+        recent requests say), with the fast EMA's weight; the fast EMA
+        starts there too."""
+        self.slow = self.fast = value
         self.n = _FAST_REQUESTS
         self.restarts += 1
 
@@ -475,7 +476,6 @@ class Goodput:
         self._accept = a
         if changed:
             acc.restart(a)
-            acc.fast = a
             self._p1_ref = p_now
 
     def _rebase(self, acc: _Level) -> None:
@@ -488,7 +488,6 @@ class Goodput:
         d = a - acc.slow
         if acc.n and d * d > _Z_CHANGE2 * acc.var / acc.n:
             acc.restart(a)
-            acc.fast = a
 
     def _update_switch_costs(self) -> None:
         """What a switch costs (the measured resync, at least ``switch_cost``),
