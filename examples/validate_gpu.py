@@ -62,7 +62,7 @@ same plumbing without speculation (the gate idle); it validates nothing about
 the plain step.
 
 On CPU, CI runs this script for real against SGLang's speculative path on a
-tiny model (``tests/test_validate_script.py``): ``--prompts 2
+tiny model (``tests/servers/test_validate_script.py``): ``--prompts 2
 --strategies eager --concurrency 1 --no-eager-plain --no-graph-fallback`` with
 ``-- --device cpu --attention-backend triton ...`` and the CI-only CPU
 stand-ins of ``ci/cpu_spec`` in the environment. That checks the script and

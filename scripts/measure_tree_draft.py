@@ -4,7 +4,7 @@ Issue #22: the gate refuses draft trees, because nobody had measured whether
 a tree's draft state stays exact across PLAIN stretches. This script measures
 it on SGLang 0.5.23's real CPU EAGLE-3 servers (0.5.9's spec v2 runs chains
 only), with the trained tiny draft, in the paired way of
-``tests/test_spec_e2e.py::test_draft_state_after_plain_stretches``, except
+``tests/servers/test_spec_e2e.py::test_draft_state_after_plain_stretches``, except
 that the oracle is SGLang itself instead of an offline chain:
 
 * a stock speculative server (no gate) with the same tree shape answers, for

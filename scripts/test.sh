@@ -39,7 +39,7 @@ export EAGLE_GATE_MODEL_CACHE="${EAGLE_GATE_MODEL_CACHE:-$PWD/build/test-models}
 mkdir -p "$EAGLE_GATE_MODEL_CACHE"
 
 # A CI run: tests whose dependencies the CI environments carry fail, not skip,
-# when one is missing (tests/test_trained_draft.py).
+# when one is missing (tests/inprocess/test_trained_draft.py).
 export EAGLE_GATE_CI=1
 
 # One version's suite: pytest in that version's environment. Its own

@@ -49,7 +49,18 @@ def test_plugins(tmp_path_factory):
     return install_test_plugins(tmp_path_factory.mktemp("plugins"))
 
 
+#: the test tiers, one folder each (``scripts/test.sh --fast`` runs ``unit``):
+#: ``unit`` needs neither SGLang nor a model; ``inprocess`` imports SGLang (and
+#: builds tiny models) inside the test process; ``servers`` starts real SGLang
+#: servers or other long-lived processes.
+TIERS = ("unit", "inprocess", "servers")
+
+
 def pytest_collection_modifyitems(items):
+    for item in items:
+        tier = Path(str(item.fspath)).parent.name
+        if tier in TIERS:
+            item.add_marker(tier)
     # the real-traffic files share one server pair: run them last, together
     order_traffic_last(items)
 

@@ -18,7 +18,7 @@ value of the live process that wrote last); counters and the histogram sum
 over processes (DP ranks).
 
 ``METRICS`` below is the documented list (docs/operations.md, "Metrics
-reference"; tests/test_docs.py keeps the two equal).
+reference"; tests/unit/test_docs.py keeps the two equal).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ are noisy). This module compares each request's every SPEC step with what the
 same draft proposes offline from the whole, correct history, as
 ``support.trained_draft`` computes it (SGLang's EAGLE-3 forward in plain
 torch, checked against incremental extend + decode in
-``tests/test_trained_draft.py``):
+``tests/inprocess/test_trained_draft.py``):
 
 * the offline accept length at a request's state (``k`` output tokens
   committed) is ``1 +`` the number of leading draft tokens of the chain

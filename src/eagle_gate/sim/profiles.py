@@ -200,7 +200,7 @@ def _interp(table: tuple[tuple[float, float], ...], x: float) -> float:
 #: and were refined by fixed-point iteration (value *= simulated / measured
 #: throughput, 8 rounds) running this simulator's closed-loop grid (seed 0,
 #: full length) with never/always, which absorbs prefill stalls and batches
-#: below C. tests/test_sim.py re-checks the 5% agreement. The formula
+#: below C. tests/unit/test_sim.py re-checks the 5% agreement. The formula
 #: parameters below only shape SPEC steps with other draft counts (the
 #: sglang-ema baseline) and the resync.
 SEED_PCIE_TP8 = Profile(

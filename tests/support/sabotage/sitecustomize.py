@@ -3,7 +3,7 @@ draft-state tests fail on it (issue #25). Never part of the package.
 
 How it gets in: a test run with ``EAGLE_GATE_TEST_SABOTAGE=<mode>`` in its
 environment puts this directory on the servers' ``PYTHONPATH``
-(``tests/test_spec_e2e.py``), so every Python process of such a server imports
+(``tests/servers/test_spec_e2e.py``), so every Python process of such a server imports
 this ``sitecustomize`` at start (the test environments have none of their
 own), which patches the shared plain step's module globals. Without the
 variable nothing here is imported, and nothing in ``src`` knows about it.

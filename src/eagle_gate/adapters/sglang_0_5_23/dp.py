@@ -11,7 +11,7 @@ SGLang's own gather unchanged, and no other reader notices it.
 
 The two rows are rebuilt here with the vote in the same ``torch.tensor``
 call (no allocation beyond stock's); ``ROW_FIELDS`` is 0.5.23's column
-order, and ``tests/test_dp_vote.py`` checks the rebuilt rows against
+order, and ``tests/inprocess/test_dp_vote.py`` checks the rebuilt rows against
 SGLang's own, column for column, so a drift fails there.
 
 ``PATCHES``: the rows replaced, the gather wrapped to settle the vote, and
@@ -57,7 +57,7 @@ VOTE = DPVote()
 
 #: whether this version gates DP attention (else it is refused at launch):
 #: a real DP-attention server ran the vote end to end on CPU
-#: (tests/test_dp_attention_cpu.py).
+#: (tests/servers/test_dp_attention_cpu.py).
 GATES_DP_ATTENTION = True
 
 

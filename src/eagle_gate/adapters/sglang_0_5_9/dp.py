@@ -7,7 +7,7 @@ column cannot ride through it as on 0.5.23: :func:`all_gather` replaces it,
 the same gather and the same reads with the width taken from the row, plus
 the vote settled from the seventh column. The rows are rebuilt with the vote
 in the same ``torch.tensor`` call (no allocation beyond stock's);
-``tests/test_dp_vote.py`` checks them against SGLang's own, column for column.
+``tests/inprocess/test_dp_vote.py`` checks them against SGLang's own, column for column.
 
 ``PATCHES``: the gather replaced, and ``prepare_mlp_sync_batch_raw`` wrapped
 to cast the vote (``hooks.dp_cast_wrapper``).
@@ -40,7 +40,7 @@ VOTE = DPVote()  # this scheduler process's
 
 #: whether this version gates DP attention (else it is refused at launch):
 #: a real DP-attention server ran the vote end to end on CPU
-#: (tests/test_dp_attention_cpu.py).
+#: (tests/servers/test_dp_attention_cpu.py).
 GATES_DP_ATTENTION = True
 
 

@@ -29,7 +29,7 @@ without speculation is the reference of both tests:
   (equal PLAIN counts: a rank running PLAIN alone would have more).
 
 The vote through SGLang's real gathers with ranks deciding differently at
-most steps, and its negative control: ``tests/test_dp_vote.py``.
+most steps, and its negative control: ``tests/inprocess/test_dp_vote.py``.
 
 Cost: three servers per version, about 4-5 min on two cores.
 """

@@ -27,7 +27,7 @@ from support.spec_server import (
     spec_server_env,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NEW_TOKENS = 16
 
 # Stand-ins whose first call must show in the speculative server's log.

@@ -18,8 +18,8 @@ import pytest
 from eagle_gate.goodput import Goodput
 from eagle_gate.policies import AlwaysSpec
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-SRC = Path(__file__).resolve().parents[1] / "src"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _load(name: str):

@@ -24,7 +24,7 @@ from support.server import cpu_server_args
 from support.spec_server import spec_server_env
 from support.timings import note
 
-SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "validate_gpu.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "validate_gpu.py"
 
 
 def cpu_flags(model_dir) -> list[str]:

@@ -5,7 +5,7 @@ MLP-sync gather (``adapters/sglang_*/dp.py``: 0.5.23's own
 row's width), driven by two gloo processes whose policies decide
 differently step by step.
 
-The gate under DP attention on real servers: ``tests/test_dp_attention_cpu.py``.
+The gate under DP attention on real servers: ``tests/servers/test_dp_attention_cpu.py``.
 """
 
 from __future__ import annotations

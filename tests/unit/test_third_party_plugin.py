@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "third_party_policy"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "third_party_policy"
 
 PROBE = """
 import json

@@ -2,7 +2,7 @@
 policy is asked and observes, every step runs SPEC), the settings from CLI,
 environment, file and the control route, the metrics and the replay of a
 shadow log. The real speculative server runs it in
-``tests/test_spec_e2e.py::test_shadow_mode_runs_stock_steps_and_records_what_it_would_run``.
+``tests/servers/test_spec_e2e.py::test_shadow_mode_runs_stock_steps_and_records_what_it_would_run``.
 """
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ def test_a_patch_that_cannot_apply_stops_instrumentation():
     ],
 )
 def test_setups_no_version_handles_are_refused(adapter, fields, message):
-    """Judged on the resolved view (tests/test_resolved_view.py checks that
+    """Judged on the resolved view (tests/inprocess/test_resolved_view.py checks that
     view against each version's own resolution), with lazy draft sync."""
     from eagle_gate.adapters.resolved import ResolvedSpec
 

@@ -18,7 +18,7 @@ from eagle_gate.sim.profiles import CLOSE_PROFILES
 from eagle_gate.sim.workloads import close_scenarios, grid_scenarios, policy_suite
 
 # a copy of shared/data/seed-pcie-tp8.json, the reference measurements
-SEED_JSON = Path(__file__).parent / "data" / "seed-pcie-tp8.json"
+SEED_JSON = Path(__file__).resolve().parents[1] / "data" / "seed-pcie-tp8.json"
 
 
 def small_scenario(closed=True, level=6.0, dur=3.0):

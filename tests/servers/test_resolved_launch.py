@@ -6,7 +6,7 @@ speculative environment), to the point where the launch stops.
   (5 steps, topk 4, 8 draft tokens) although the raw topk is None. 0.5.9:
   the gate refuses it before any model loads, saying what to pass instead.
   0.5.23 gates it with eager draft sync (a real tree server:
-  ``tests/test_spec_e2e.py::test_sglangs_own_tree_is_gated_with_eager_sync``)
+  ``tests/servers/test_spec_e2e.py::test_sglangs_own_tree_is_gated_with_eager_sync``)
   and refuses it the same way with lazy or none: launched here with
   ``--gate-draft-sync lazy``.
 * NEXTN: resolved to EAGLE (not refused as an unknown algorithm); without

@@ -35,7 +35,7 @@ from eagle_gate.bench.runner import (
 from eagle_gate.sim.profiles import SEED_PCIE_TP8, load_profile_file
 
 # a copy of shared/data/seed-pcie-tp8.json, the reference measurements
-REFERENCE = Path(__file__).parent / "data" / "seed-pcie-tp8.json"
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "seed-pcie-tp8.json"
 
 # -- fakes -------------------------------------------------------------------
 

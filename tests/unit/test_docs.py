@@ -21,7 +21,7 @@ import pytest
 
 import eagle_gate.metrics as metrics_module
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 OPERATIONS = DOCS / "operations.md"

@@ -171,7 +171,7 @@ MAX_LAZY_BEYOND_SHARE = 0.5
 #: for the gated servers by EAGLE_GATE_TEST_SABOTAGE=<mode> (proof that the
 #: draft-state checks fail on it; never set in CI).
 SABOTAGE = os.environ.get("EAGLE_GATE_TEST_SABOTAGE", "")
-SABOTAGE_DIR = Path(__file__).parent / "support" / "sabotage"
+SABOTAGE_DIR = Path(__file__).resolve().parents[1] / "support" / "sabotage"
 
 
 def draft_pattern() -> str:
@@ -878,10 +878,10 @@ def test_dashboard_and_alert_queries_match_a_speculating_scrape(gated):
 # -- refusals on a real speculative launch ----------------------------------------
 def _refusal_cases():
     # Judged on SGLang's resolution (#22); draft trees, NEXTN and the
-    # auto-chosen shape: tests/test_resolved_launch.py.
+    # auto-chosen shape: tests/servers/test_resolved_launch.py.
     cases = [
         (["--enable-multi-layer-eagle"], {}, "multi-layer EAGLE"),
-        (  # gated with eager/none (tests/test_dp_attention_cpu.py)
+        (  # gated with eager/none (tests/servers/test_dp_attention_cpu.py)
             ["--enable-dp-attention", "--dp-size", "2", "--tp-size", "2"]
             + ["--gate-draft-sync", "lazy"],
             {},
