@@ -5,9 +5,26 @@
 # .venv-<version> with the REAL SGLang of that version (see
 # .ci/make-sglang-env.sh), then runs lint and pytest in it. Extra arguments go
 # to pytest. Set EAGLE_GATE_VERSIONS="0.5.23" to test one version only.
+#
+# --fast: lint and the unit tier only (tests/unit, no SGLang in the test
+# process, no model, no server), tests marked `slow` left out; a few minutes
+# at most. Without it: every tier (unit, inprocess, servers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 versions=${EAGLE_GATE_VERSIONS:-"0.5.9 0.5.23"}
+
+fast=0
+pytest_args=()
+for arg in "$@"; do
+  if [ "$arg" = "--fast" ]; then fast=1; else pytest_args+=("$arg"); fi
+done
+if [ "$fast" = 1 ]; then
+  set -- tests/unit -m "not slow" ${pytest_args[@]+"${pytest_args[@]}"}
+else
+  set -- ${pytest_args[@]+"${pytest_args[@]}"}
+fi
+# the fast tier keeps its logs apart from a full run's
+log_tag=$([ "$fast" = 1 ] && echo "fast-" || true)
 
 # Build missing environments in parallel (mostly downloads and unpacking).
 pids=()
@@ -66,14 +83,16 @@ mkdir -p build
 n_versions=$(echo $versions | wc -w)
 status=0
 if [ "$n_versions" -gt 1 ] && [ "${EAGLE_GATE_PARALLEL:-1}" != 0 ]; then
-  echo "== building the shared test models once (cached in $EAGLE_GATE_MODEL_CACHE)"
-  PYTHONPATH=tests ".venv-$first/bin/python" -m support.model_cache "$EAGLE_GATE_MODEL_CACHE"
+  if [ "$fast" = 0 ]; then
+    echo "== building the shared test models once (cached in $EAGLE_GATE_MODEL_CACHE)"
+    PYTHONPATH=tests ".venv-$first/bin/python" -m support.model_cache "$EAGLE_GATE_MODEL_CACHE"
+  fi
   pids=()
   for v in $versions; do
-    echo "== tests against SGLang $v (side by side; log build/test-$v.log)"
+    echo "== tests against SGLang $v (side by side; log build/test-$log_tag$v.log)"
     (
       set -o pipefail
-      OMP_NUM_THREADS=1 run_suite "$v" "$@" 2>&1 | tee "build/test-$v.log" | sed -u "s/^/[$v] /"
+      OMP_NUM_THREADS=1 run_suite "$v" "$@" 2>&1 | tee "build/test-$log_tag$v.log" | sed -u "s/^/[$v] /"
     ) &
     pids+=("$!")
   done
@@ -81,7 +100,7 @@ if [ "$n_versions" -gt 1 ] && [ "${EAGLE_GATE_PARALLEL:-1}" != 0 ]; then
     wait "$pid" || status=$?
   done
   for v in $versions; do
-    grep -E "^(=+ .*(passed|failed|error).* =+|== SGLang )" "build/test-$v.log" | sed "s/^/[$v] /" || true
+    grep -E "^(=+ .*(passed|failed|error).* =+|== SGLang )" "build/test-$log_tag$v.log" | sed "s/^/[$v] /" || true
   done
 else
   for v in $versions; do
@@ -89,4 +108,5 @@ else
     run_suite "$v" "$@" || status=$?
   done
 fi
+[ "$fast" = 1 ] && echo "== fast tier: $SECONDS s in all"
 exit $status
