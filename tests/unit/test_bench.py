@@ -1,21 +1,14 @@
-"""``python -m eagle_gate.bench``: orchestration, table, capture, one real run.
+"""``python -m eagle_gate.bench``: orchestration, table, capture.
 
-Most tests use a fake ``bench_serving`` module (a tiny script writing the same
+The tests use a fake ``bench_serving`` module (a tiny script writing the same
 JSONL result line) and a fake HTTP server, so they are fast and need no SGLang.
-One test runs SGLang's real ``sglang.bench_serving`` against one stock CPU
-server. The CPU virtual environments install SGLang without its ``datasets``
-dependency, which ``sglang.bench_serving`` 0.5.9 imports at module level; the
-test puts a stub ``datasets`` module on the benchmark's ``PYTHONPATH`` then
-(the ``random-ids`` dataset it uses never calls it). On a GPU install
-``datasets`` is present.
+The run of SGLang's real ``sglang.bench_serving`` against a stock CPU server
+is in ``tests/servers/test_bench_serving.py``.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import sys
 import textwrap
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -318,79 +311,3 @@ def test_capture_from_reference_table(tmp_path):
     ):
         for (c1, y1), (c2, y2) in zip(mine, theirs, strict=True):
             assert c1 == c2 and abs(y1 / y2 - 1) < 0.15, (c1, y1, y2)
-
-
-# -- one real server ----------------------------------------------------------
-
-
-def test_real_bench_serving_against_stock_cpu_server(tiny_model, tmp_path, monkeypatch):
-    from support.server import (
-        NO_PLUGINS,
-        cpu_server_args,
-        cpu_server_env,
-        free_port,
-        running_server,
-    )
-
-    env = cpu_server_env(plugins=NO_PLUGINS)
-    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM"):
-        monkeypatch.setenv(key, env[key])
-    if importlib.util.find_spec("datasets") is None:
-        stub = tmp_path / "stub" / "datasets"
-        stub.mkdir(parents=True)
-        (stub / "__init__.py").write_text(
-            "def load_dataset(*a, **k):\n    raise RuntimeError('datasets stub')\n"
-        )
-        old = os.environ.get("PYTHONPATH")
-        monkeypatch.setenv(
-            "PYTHONPATH", os.pathsep.join(p for p in (str(stub.parent), old) if p)
-        )
-    port = free_port()
-    out = tmp_path / "out"
-    # Every level sends the same prompts (same seed). With the radix cache on,
-    # the second level's cached-prefix prefills stalled ~10 s once on this CPU
-    # (SGLang 0.5.23), so the cache is off: this test checks orchestration.
-    args = [*cpu_server_args(tiny_model, port), "--disable-radix-cache"]
-    with running_server(args, port, env, tmp_path / "server.log") as server:
-        rc = main(
-            [
-                "--server",
-                f"stock={server.base_url}",
-                "--server",
-                f"dead={_dead_url()}",
-                "--concurrency",
-                "1,2",
-                "--num-prompts-per-level",
-                "4",
-                "--dataset-name",
-                "random-ids",
-                "--random-input-len",
-                "16",
-                "--random-output-len",
-                "8",
-                "--bench-python",
-                sys.executable,
-                "--run-timeout",
-                "120",
-                "--out",
-                str(out),
-            ]
-        )
-    doc = load_results(out)
-    runs = {(r["server"], r["concurrency"]): r for r in doc["runs"]}
-    logs = {
-        k: Path(r["log_file"]).read_text()[-2000:]
-        for k, r in runs.items()
-        if r.get("log_file")
-    }
-    assert rc == 0
-    for c in (1, 2):
-        r = runs[("stock", c)]
-        assert r["ok"], (r["error"], logs.get(("stock", c)))
-        assert r["output_tok_s"] > 0 and r["completed"] == 4
-        assert r["mean_tpot_ms"] is not None
-        assert "sglang.bench_serving" in r["command"]
-        assert not runs[("dead", c)]["ok"]
-    info = doc["servers"][0]["info"]
-    assert info["model_path"] == str(tiny_model)
-    assert not info.get("speculative_algorithm")
