@@ -1,5 +1,10 @@
 """Helpers for end-to-end tests that run a real SGLang server on CPU.
 
+``serve`` is the one way tests start a server: stock SGLang, gated
+(``python -m eagle_gate.launch``) or speculative (EAGLE-3 with a draft, see
+``support.spec_server``), on a free port; it waits for health, yields the
+running server (URL, port, PID, log) and tears the whole process tree down.
+The pieces it is made of stay public for tests that need only a command line:
 ``running_server`` starts a command in its own session, waits (bounded) for
 ``GET /health`` to return 200, and on exit kills the whole process tree by PID
 (SGLang spawns a scheduler and a detokenizer process), checking that nothing is
@@ -38,11 +43,16 @@ def free_port() -> int:
 
 
 def cpu_server_args(
-    model_dir: Path | str, port: int, *, python: str | None = None
+    model_dir: Path | str,
+    port: int,
+    *,
+    python: str | None = None,
+    host: str = "127.0.0.1",
 ) -> list[str]:
     """Command line for stock ``sglang.launch_server`` serving a tiny model on CPU.
 
-    ``python`` defaults to the interpreter running the tests.
+    ``python`` defaults to the interpreter running the tests; ``host`` is the
+    address the server listens on (tests reach it on 127.0.0.1 either way).
     """
     return [
         python or sys.executable,
@@ -51,7 +61,7 @@ def cpu_server_args(
         "--model-path",
         str(model_dir),
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--device",
@@ -119,6 +129,10 @@ class RunningServer:
     base_url: str
     log_path: Path
     startup_s: float = 0.0
+    port: int = 0
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
     def log_tail(self, n_chars: int = 4000) -> str:
         return _tail(self.log_path, n_chars)
@@ -212,7 +226,9 @@ def running_server(
         for p in _tree(proc.pid):
             seen.setdefault(p.pid, p)
 
-    server = RunningServer(pid=proc.pid, base_url=base_url, log_path=log_path)
+    server = RunningServer(
+        pid=proc.pid, base_url=base_url, log_path=log_path, port=port
+    )
     try:
         deadline = t0 + ready_timeout_s
         while True:
@@ -252,6 +268,90 @@ def running_server(
         left += [f"{p.pid} {_describe(p)}" for p in still]
         if left:
             raise RuntimeError(f"processes left after stopping the server: {left}")
+
+
+#: ``serve(plugins=AUTO)``: SGLang's entry-point plugins off under the stock
+#: launcher (a baseline is plain SGLang), inherited under the gate launcher.
+AUTO = "auto"
+
+
+@contextlib.contextmanager
+def serve(
+    model_dir: Path | str,
+    log_path: Path | str,
+    *,
+    draft_dir: Path | str | None = None,
+    launcher: str = "sglang",
+    gate_args: Sequence[str] = (),
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    plugins: str | None = AUTO,
+    pythonpath: Sequence[Path | str] = (),
+    overlap: bool = True,
+    shape: bool = True,
+    host: str = "127.0.0.1",
+    ready_timeout_s: float = 240,
+    grace_s: float = 10.0,
+) -> Iterator[RunningServer]:
+    """Start a real SGLang server on CPU for a ``with`` block, on a free port.
+
+    * without ``draft_dir``: a server without speculation (``torch_native``
+      attention; ``support.spec_server.baseline_server_args``);
+    * with ``draft_dir``: an EAGLE-3 server on SGLang's real speculative path
+      (``support.spec_server.spec_server_args`` / ``spec_server_env``:
+      ``overlap`` picks the scheduler, ``shape=False`` leaves the draft shape
+      to SGLang).
+
+    ``launcher`` is ``"sglang"`` (stock ``sglang.launch_server``) or ``"gate"``
+    (``python -m eagle_gate.launch`` with ``gate_args``). ``args`` are more
+    SGLang flags, ``env`` more environment variables, ``pythonpath`` folders
+    put first on the server's ``PYTHONPATH``. ``plugins`` sets
+    ``SGLANG_PLUGINS``: ``AUTO`` (off under the stock launcher, inherited
+    under the gate's), ``None`` (inherited: a stock 0.5.23 server then loads
+    the gate through its entry point), or names. Yields the
+    :class:`RunningServer` once ``GET /health`` answers 200 (``running_server``
+    raises with the log's tail if it never does); on exit the process tree is
+    killed and checked gone.
+    """
+    from support.spec_server import (
+        baseline_server_args,
+        baseline_server_env,
+        spec_server_args,
+        spec_server_env,
+        without_shape,
+    )
+
+    port = free_port()
+    if draft_dir is None:
+        cmd = baseline_server_args(
+            model_dir, port, launcher=launcher, gate_args=gate_args, host=host
+        )
+        environment = baseline_server_env(
+            launcher=launcher, plugins=plugins, **(env or {})
+        )
+    else:
+        cmd = spec_server_args(
+            model_dir, draft_dir, port, launcher=launcher, overlap=overlap,
+            gate_args=gate_args, host=host,
+        )  # fmt: skip
+        if not shape:
+            cmd = without_shape(cmd)
+        environment = spec_server_env(
+            launcher=launcher, overlap=overlap, plugins=plugins, **(env or {})
+        )
+    for path in reversed(list(pythonpath)):
+        environment["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(path), environment.get("PYTHONPATH", "")) if p
+        )
+    with running_server(
+        [*cmd, *args],
+        port,
+        environment,
+        Path(log_path),
+        ready_timeout_s,
+        grace_s=grace_s,
+    ) as server:
+        yield server
 
 
 def generate(

@@ -1,7 +1,8 @@
 """Command lines and environments for real SGLang servers that speculate on CPU.
 
-Two kinds of server, both built on ``support.server`` (``cpu_server_args``,
-``cpu_server_env``, ``running_server``):
+Tests start these servers with ``support.server.serve`` (``draft_dir`` given:
+speculative). Two kinds of server, both built on ``support.server``
+(``cpu_server_args``, ``cpu_server_env``, ``running_server``):
 
 * a baseline: no speculation, the ``torch_native`` attention backend, nothing
   CI-specific;
@@ -31,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
-from support.server import NO_PLUGINS, cpu_server_args, cpu_server_env
+from support.server import AUTO, NO_PLUGINS, cpu_server_args, cpu_server_env
 
 LAUNCHERS = ("sglang", "gate")
 
@@ -88,15 +89,27 @@ def baseline_server_args(
     launcher: str = "sglang",
     gate_args: Sequence[str] = (),
     python: str | None = None,
+    host: str = "127.0.0.1",
 ) -> list[str]:
     """A server without speculation (torch_native attention)."""
-    return _launch(cpu_server_args(model_dir, port, python=python), launcher, gate_args)
+    args = cpu_server_args(model_dir, port, python=python, host=host)
+    return _launch(args, launcher, gate_args)
 
 
-def baseline_server_env(*, launcher: str = "sglang", **extra: str) -> dict[str, str]:
-    """Environment of the baseline; the stock launcher loads no plugins."""
-    plugins = NO_PLUGINS if launcher == "sglang" else None
-    return cpu_server_env(plugins=plugins, **extra)
+def _plugins(launcher: str, plugins: str | None) -> str | None:
+    """``SGLANG_PLUGINS`` for ``cpu_server_env``: ``AUTO`` is none under the
+    stock launcher and inherited under the gate's."""
+    if plugins != AUTO:
+        return plugins
+    return NO_PLUGINS if launcher == "sglang" else None
+
+
+def baseline_server_env(
+    *, launcher: str = "sglang", plugins: str | None = AUTO, **extra: str
+) -> dict[str, str]:
+    """Environment of the baseline; by default the stock launcher loads no
+    plugins (``plugins=None`` inherits ``SGLANG_PLUGINS``)."""
+    return cpu_server_env(plugins=_plugins(launcher, plugins), **extra)
 
 
 def spec_server_args(
@@ -108,11 +121,12 @@ def spec_server_args(
     overlap: bool = True,
     gate_args: Sequence[str] = (),
     python: str | None = None,
+    host: str = "127.0.0.1",
 ) -> list[str]:
     """An EAGLE-3 server on the Triton backend (topk 1, 3 steps, 4 draft tokens)."""
     if not overlap and sglang_version() == "0.5.9":
         raise ValueError("SGLang 0.5.9 speculates on CPU with overlap on only")
-    args = cpu_server_args(target_dir, port, python=python)
+    args = cpu_server_args(target_dir, port, python=python, host=host)
     args = _set_flag(args, "--attention-backend", "triton")
     args += [
         "--disable-cuda-graph",
@@ -140,6 +154,7 @@ def spec_server_env(
     launcher: str = "sglang",
     overlap: bool = True,
     shim_log: bool = True,
+    plugins: str | None = AUTO,
     **extra: str,
 ) -> dict[str, str]:
     """Environment of a speculative server: CPU stand-ins on, Triton interpreted.
@@ -157,8 +172,7 @@ def spec_server_env(
     elif overlap:
         env["EAGLE_GATE_CI_FORCE_OVERLAP"] = "1"
     env.update(extra)
-    plugins = NO_PLUGINS if launcher == "sglang" else None
-    return cpu_server_env(plugins=plugins, **env)
+    return cpu_server_env(plugins=_plugins(launcher, plugins), **env)
 
 
 def generate_greedy(
