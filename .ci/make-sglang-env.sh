@@ -44,7 +44,11 @@ cp -r "$here/ci/sgl_kernel_stub/sgl_kernel" "$site/sgl_kernel"
 # torchvision's compiled ops do not load beside CPU torch; see the module doc.
 cp "$here/ci/site/eagle_gate_ci_torchvision.py" "$here/ci/site/eagle_gate_ci_torchvision.pth" "$site/"
 # CPU stand-ins that let SGLang's real EAGLE-3 path serve on CPU; inert unless
-# EAGLE_GATE_CI_SPEC=1 (see ci/cpu_spec/eagle_gate_ci_spec.py).
-cp "$here/ci/cpu_spec/eagle_gate_ci_spec.py" "$here/ci/cpu_spec/eagle_gate_ci_spec.pth" "$site/"
+# EAGLE_GATE_CI_SPEC=1 (see ci/cpu_spec/eagle_gate_ci_spec/__init__.py). Every
+# process imports the package from this checkout: the .pth names its folder
+# (a path line, computed here, wherever the checkout is), then imports it, so
+# edits under ci/cpu_spec take effect without rebuilding the environment.
+rm -rf "$site/eagle_gate_ci_spec.py" "$site/eagle_gate_ci_spec"
+printf '%s\nimport eagle_gate_ci_spec\n' "$here/ci/cpu_spec" >"$site/eagle_gate_ci_spec.pth"
 "$py" -m pip install -q -e "$here[test]"
 "$py" -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)"

@@ -47,30 +47,56 @@ EXPECTED_SHIMS = {
 }
 
 
+PACKAGE = REPO / "ci" / "cpu_spec" / "eagle_gate_ci_spec"
+
+
 def _load_shims():
-    """The repo's ci/cpu_spec module, loaded under its own name (the CI venv's
-    site-packages copy is already imported as ``eagle_gate_ci_spec``)."""
-    path = REPO / "ci" / "cpu_spec" / "eagle_gate_ci_spec.py"
-    spec = importlib.util.spec_from_file_location("eagle_gate_ci_spec_repo", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The repo's exact torch kernels (``ci/cpu_spec``'s ``kernels`` module;
+    the environment imports the package from this checkout)."""
+    from eagle_gate_ci_spec import kernels
+
+    return kernels
 
 
 def test_environment_carries_the_current_shims():
-    """Servers load the site-packages copy; it must be this repo's version."""
+    """Every process of the environment imports ``eagle_gate_ci_spec`` from
+    this checkout: its ``.pth`` names ``ci/cpu_spec`` (a path line written by
+    .ci/make-sglang-env.sh) and imports the package; no copy of it is left in
+    site-packages to shadow the checkout."""
+    import sysconfig
+
     found = importlib.util.find_spec("eagle_gate_ci_spec")
     assert found is not None and found.origin, (
-        "eagle_gate_ci_spec is not in this environment: run "
-        ".ci/make-sglang-env.sh or copy ci/cpu_spec/* into site-packages"
+        "eagle_gate_ci_spec is not in this environment: run .ci/make-sglang-env.sh"
     )
-    site = Path(found.origin)
-    repo = REPO / "ci" / "cpu_spec"
-    assert site.read_bytes() == (repo / site.name).read_bytes(), (
-        f"{site} is stale: copy {repo}/eagle_gate_ci_spec.py over it"
+    origin = Path(found.origin).resolve()
+    assert origin == (PACKAGE / "__init__.py").resolve(), (
+        f"eagle_gate_ci_spec comes from {origin}, not this checkout's {PACKAGE}: "
+        "rerun .ci/make-sglang-env.sh"
     )
-    pth = site.with_suffix(".pth")
-    assert pth.read_text().strip() == "import eagle_gate_ci_spec"
+    site = Path(sysconfig.get_paths()["purelib"])
+    pth = site / "eagle_gate_ci_spec.pth"
+    lines = pth.read_text().splitlines()
+    assert [Path(lines[0]).resolve(), *lines[1:]] == [
+        PACKAGE.parent.resolve(),
+        "import eagle_gate_ci_spec",
+    ], lines
+    stale = [p.name for p in site.glob("eagle_gate_ci_spec*") if p != pth]
+    assert not stale, f"old copies in {site} shadow the checkout: {stale}"
+    # the stand-ins' old flat names still reach their modules
+    import eagle_gate_ci_spec
+
+    assert eagle_gate_ci_spec.build_tree_topk1 is _load_shims().build_tree_topk1
+
+
+def test_no_file_under_ci_is_over_400_lines():
+    """The CI stand-ins stay split by concern (one module each)."""
+    long = {
+        str(p.relative_to(REPO)): n
+        for p in (REPO / "ci").rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 400
+    }
+    assert not long, long
 
 
 @pytest.fixture(scope="module")

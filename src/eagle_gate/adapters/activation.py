@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from eagle_gate.adapters import parallel
 from eagle_gate.adapters.hooks import ACTIVE
-from eagle_gate.adapters.plain import capture
+from eagle_gate.adapters.plain.capture import plain_graphs_for_scheduler
 from eagle_gate.adapters.plain.graphs import PlainGraphs
 from eagle_gate.adapters.plain.step import PlainStep
 from eagle_gate.adapters.refusals import (
@@ -97,9 +97,8 @@ def activate_scheduler(
         )
     if gated and config.plain_step and config.draft_sync == "lazy":
         check_lazy_buffer(scheduler, spec, config)
-    # through the module: CI's construct-without-capture build wraps it there
     dp_attention = gated and spec.attn_dp_size > 1
-    graphs = capture.plain_graphs_for_scheduler(
+    graphs = plain_graphs_for_scheduler(
         adapter.graphs,
         scheduler,
         config,

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from eagle_gate.adapters.parallel import plain_graphs_agreement
 from eagle_gate.adapters.patching import PatchTarget
-from eagle_gate.adapters.plain.graphs import PlainGraphs, select_plain_path
-from eagle_gate.adapters.plain.tensors import swap_attrs
+from eagle_gate.adapters.plain import testing
+from eagle_gate.adapters.plain.graphs import PlainGraphs
 from eagle_gate.adapters.refusals import GateRefused
 from eagle_gate.config import GateConfig
 
@@ -43,10 +43,6 @@ __all__ = [
     "plain_graph_blockers",
     "plain_graphs_estimate_mib",
     "target_model_runner",
-    # used by CI's construct-without-capture test build (ci/cpu_spec)
-    "PlainGraphs",
-    "select_plain_path",
-    "swap_attrs",
 ]
 
 #: headroom needed before capture: this many times the estimate (§5.3).
@@ -276,7 +272,35 @@ def plain_graphs_for_scheduler(
     on; any failure other than a refusal of ``on`` leaves them off (eager).
     Under data-parallel attention they stay off: whether a rank replays a
     graph (and pads to its size) must come from the ranks' gathered vote, as
-    SGLang's own graphs do, which the plain step does not do yet."""
+    SGLang's own graphs do, which the plain step does not do yet. Test hooks
+    (:func:`eagle_gate.adapters.plain.testing.on_plain_graphs`) see the result;
+    none are registered outside tests."""
+    graphs = _plain_graphs_for_scheduler(
+        version,
+        scheduler,
+        config,
+        gated=gated,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        dp_attention=dp_attention,
+    )
+    if testing.PLAIN_GRAPHS_HOOKS:
+        testing.run_plain_graphs_hooks(
+            graphs, version=version, scheduler=scheduler, config=config, gated=gated
+        )
+    return graphs
+
+
+def _plain_graphs_for_scheduler(
+    version: VersionGraphs,
+    scheduler: Any,
+    config: GateConfig,
+    *,
+    gated: bool,
+    tp_rank: int,
+    tp_size: int,
+    dp_attention: bool,
+) -> PlainGraphs:
     if dp_attention and config.plain_step:
         if config.plain_graphs == "on":
             raise GateRefused(

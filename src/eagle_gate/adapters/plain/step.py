@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
+from eagle_gate.adapters.plain import testing
 from eagle_gate.adapters.plain.graphs import PlainGraphs, plain_target_forward
 from eagle_gate.adapters.plain.lazy import LazyDraftSync
 from eagle_gate.adapters.plain.tensors import (
@@ -324,15 +325,19 @@ def make_plain_step(
 ) -> PlainStep:
     """A version's :class:`PlainStep`. ``graphs``: the plain step's DECODE
     CUDA graphs (``PlainGraphs``), or None: the target always runs eagerly
-    and nothing is counted."""
+    and nothing is counted. The step runs :func:`plain_step` under the test
+    wrappers registered with
+    :func:`eagle_gate.adapters.plain.testing.wrap_plain_step`, applied here
+    once (none outside tests: :func:`plain_step` itself)."""
     lazy = LazyDraftSync(parts.req_row) if draft_sync == "lazy" else None
+    step = testing.wrapped_plain_step(plain_step)
 
     def run(worker: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
         # Everything the scheduler passed the stock step (0.5.23 passes
         # on_publish= and grammar_barrier= by keyword) goes through the
         # version's own reading of those arguments.
         on_publish = parts.on_publish_of(*args, **kwargs)
-        return plain_step(parts, worker, batch, draft_sync, lazy, graphs, on_publish)
+        return step(parts, worker, batch, draft_sync, lazy, graphs, on_publish)
 
     def catch_up_extend(worker: Any, batch: Any, result: Any) -> None:
         # the lazy catch-up's draft extend, counted like the eager sync's
