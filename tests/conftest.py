@@ -40,6 +40,15 @@ def spec_models(tmp_path_factory):
     return target, draft
 
 
+@pytest.fixture(scope="module")
+def plain_harness(tiny_model):
+    """The plain-step harness of the installed SGLang version (a real target
+    worker on CPU; ``support.plain``), one per test module."""
+    from support.plain import installed_harness
+
+    return installed_harness(tiny_model)
+
+
 @pytest.fixture(scope="session")
 def test_plugins(tmp_path_factory):
     """The test-only policies (schedule, coin, flaky) and the example

@@ -20,10 +20,9 @@ STEPS = 4
 
 
 @pytest.fixture(scope="module")
-def harness(tiny_model):
-    from support.plain_harness_0_5_23 import Harness
-
-    return Harness(tiny_model)
+def harness(plain_harness):
+    """The installed version's harness (``support.plain``): 0.5.23's here."""
+    return plain_harness
 
 
 def test_builds_a_real_target_worker_under_an_eagle_config(harness):

@@ -37,6 +37,7 @@ class DraftStandIn:
 
     def __init__(self) -> None:
         self.extend_calls: list[dict] = []
+        self.hidden_size = HIDDEN
         self.draft_runner = types.SimpleNamespace(tp_group=None)
         self.tp_contexts: list = []
 
@@ -68,7 +69,14 @@ class DraftStandIn:
 
 
 class Harness:
-    """One target worker on CPU and a decode batch driven like the scheduler."""
+    """One target worker on CPU and a decode batch driven like the scheduler.
+
+    The methods under "the plain step, as the worker gets it" are the ones the
+    0.5.23 harness has too, so one test drives either version's plain step
+    (``support.plain.installed_harness``).
+    """
+
+    version = "0.5.9"
 
     def __init__(self, model_dir: Path) -> None:
         from sglang.srt.managers.tp_worker import TpModelWorker
@@ -126,6 +134,42 @@ class Harness:
         worker.device = "cpu"
         self.worker = worker
         self.resolver_owner = types.SimpleNamespace(draft_worker=worker)
+
+    # -- the plain step, as the worker gets it ---------------------------------
+    @property
+    def adapter(self):
+        from eagle_gate.adapters import sglang_0_5_9
+
+        return sglang_0_5_9
+
+    def worker_batch(self, batch):
+        """What 0.5.9's scheduler hands the worker: a ``ModelWorkerBatch``."""
+        return batch.get_model_worker_batch()
+
+    def isolation(self, view):
+        """0.5.9 hands the worker its own ``ModelWorkerBatch``: nothing to
+        isolate (0.5.23's scheduler restores its batch after the step)."""
+        return contextlib.nullcontext()
+
+    def plain_step(self, view, draft_sync="eager", *, lazy=None, graphs=None):
+        """The adapter's plain step on ``view`` (a ``worker_batch``)."""
+        return self.adapter.plain.plain_step(
+            self.worker, view, draft_sync, lazy, graphs
+        )
+
+    def run(self, plain, view):
+        """``plain.run`` (a ``make_plain_step`` PlainStep) as the worker runs it."""
+        with self.isolation(view):
+            return plain.run(self.worker, view)
+
+    def spec_step(self, view, k: int):
+        """A SPEC step accepting ``k`` tokens (:func:`spec_step_stand_in`)."""
+        return spec_step_stand_in(self, view, k)
+
+    @staticmethod
+    def correct_drafts(req) -> int:
+        """The request's count of accepted draft tokens."""
+        return req.spec_accepted_tokens
 
     # -- batches -------------------------------------------------------------
     def prefill(self, prompts: list[list[int]], **sampling):

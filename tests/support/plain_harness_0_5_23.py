@@ -179,7 +179,13 @@ class Harness:
     ``req_to_token_pool``, ``allocator``, ``tree_cache``, ``draft``
     (:class:`DraftStandIn`), ``worker`` (the ``EAGLEWorkerV2`` shell) and
     ``result_processor`` (the real ``SchedulerBatchResultProcessor``).
+
+    The methods under "the plain step, as the worker gets it" are the 0.5.9
+    harness's too, so one test drives either version's plain step
+    (``support.plain.installed_harness``).
     """
+
+    version = "0.5.23"
 
     def __init__(self, model_dir: Path) -> None:
         from sglang.srt.disaggregation.utils import DisaggregationMode
@@ -339,6 +345,44 @@ class Harness:
             beam_coordinator=None,
             abort_request=None,
         )
+
+    # -- the plain step, as the worker gets it ---------------------------------
+    @property
+    def adapter(self):
+        from eagle_gate.adapters import sglang_0_5_23
+
+        return sglang_0_5_23
+
+    def worker_batch(self, batch):
+        """What 0.5.23's scheduler hands the worker: the ``ScheduleBatch``."""
+        return batch
+
+    def isolation(self, view):
+        """The scheduler's forward isolation around the worker's step."""
+        return self.forward_isolation(view)
+
+    def plain_step(
+        self, view, draft_sync="eager", *, on_publish=None, lazy=None, graphs=None
+    ):
+        """The adapter's plain step on ``view``, inside the forward isolation."""
+        with self.isolation(view):
+            return self.adapter.plain.plain_step(
+                self.worker, view, on_publish, draft_sync, lazy, graphs
+            )
+
+    def run(self, plain, view):
+        """``plain.run`` (a ``make_plain_step`` PlainStep) as the worker runs it."""
+        with self.isolation(view):
+            return plain.run(self.worker, view)
+
+    def spec_step(self, view, k: int):
+        """A SPEC step accepting ``k`` tokens (:func:`spec_step_stand_in`)."""
+        return spec_step_stand_in(self, view, k)
+
+    @staticmethod
+    def correct_drafts(req) -> int:
+        """The request's count of accepted draft tokens."""
+        return req.spec_num_correct_drafts
 
     # -- batches -------------------------------------------------------------
     def make_reqs(self, prompts: list[list[int]], **sampling) -> list:
