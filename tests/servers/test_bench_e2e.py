@@ -19,13 +19,7 @@ import sys
 
 import pytest
 import sglang_env
-from support.server import free_port, running_server
-from support.spec_server import (
-    baseline_server_args,
-    baseline_server_env,
-    spec_server_args,
-    spec_server_env,
-)
+from support.server import serve
 from support.timings import note
 
 pytestmark = pytest.mark.skipif(
@@ -39,44 +33,26 @@ def test_bench_tool_against_baseline_eagle3_and_gated_servers(spec_models, tmp_p
     import contextlib
 
     target, draft = spec_models
+    # name: how serve() starts it
     servers = {
-        "baseline": (
-            lambda port: baseline_server_args(target, port),
-            baseline_server_env(),
-        ),
-        "eagle3": (
-            lambda port: spec_server_args(target, draft, port),
-            spec_server_env(),
-        ),
-        "gated": (
-            lambda port: spec_server_args(
-                target,
-                draft,
-                port,
-                launcher="gate",
-                gate_args=[
-                    "--gate-policy",
-                    "goodput",
-                    "--gate-status-dir",
-                    str(tmp_path / "status"),
-                ],
-            ),  # fmt: skip
-            spec_server_env(launcher="gate"),
-        ),
+        "baseline": {},
+        "eagle3": {"draft_dir": draft},
+        "gated": {
+            "draft_dir": draft,
+            "launcher": "gate",
+            "gate_args": [
+                "--gate-policy",
+                "goodput",
+                "--gate-status-dir",
+                str(tmp_path / "status"),
+            ],  # fmt: skip
+        },
     }
     with contextlib.ExitStack() as stack:
         urls = {}
-        for name, (args, env) in servers.items():
-            port = free_port()
-            srv = stack.enter_context(
-                running_server(
-                    args(port),
-                    port,
-                    env,
-                    tmp_path / f"{name}.log",
-                    ready_timeout_s=400,
-                )  # fmt: skip
-            )
+        for name, how in servers.items():
+            log = tmp_path / f"{name}.log"
+            srv = stack.enter_context(serve(target, log, ready_timeout_s=400, **how))
             urls[name] = srv.base_url
         cmd = [sys.executable, "-m", "eagle_gate.bench"]
         for name, url in urls.items():

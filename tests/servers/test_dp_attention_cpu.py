@@ -48,17 +48,10 @@ from support.gated_server import (
     log_failures,
     set_policy,
     status,
-    with_pythonpath,
 )
 from support.qwen3_target import build_qwen3_target
-from support.server import free_port, running_server
-from support.spec_server import (
-    baseline_server_args,
-    baseline_server_env,
-    shim_first_calls,
-    spec_server_args,
-    spec_server_env,
-)
+from support.server import serve
+from support.spec_server import shim_first_calls
 from support.timings import note
 
 VERSION = sglang_env.version()
@@ -116,13 +109,12 @@ def dp_reference(qwen3, tmp_path_factory) -> dict:
     """The DP-attention server without speculation: every request set's
     answers, and which stand-ins its log shows were called."""
     t0 = time.monotonic()
-    port = free_port()
     log = tmp_path_factory.mktemp("dp-no-spec") / "server.log"
-    with running_server(
-        baseline_server_args(qwen3, port) + DP,
-        port,
-        baseline_server_env(EAGLE_GATE_CI_SPEC_LOG="1", **DP_ENV),
+    with serve(
+        qwen3,
         log,
+        args=DP,
+        env={"EAGLE_GATE_CI_SPEC_LOG": "1", **DP_ENV},
         ready_timeout_s=400,
     ) as srv:
         out = {
@@ -138,13 +130,7 @@ def dp_reference(qwen3, tmp_path_factory) -> dict:
 
 
 def test_dp_attention_matches_a_server_without_it(qwen3, dp_reference, tmp_path):
-    port = free_port()
-    with running_server(
-        baseline_server_args(qwen3, port),
-        port,
-        baseline_server_env(),
-        tmp_path / "baseline.log",
-    ) as srv:
+    with serve(qwen3, tmp_path / "baseline.log") as srv:
         expected = answers(srv.base_url, STOCK)
     assert dp_reference["stock"] == expected
     assert all(len(ids) == 8 for ids in expected)
@@ -162,17 +148,21 @@ def test_dp_ranks_gate_together(
         else ["--gate-policy", "schedule", "--gate-set", "pattern=s1,p2"]
     )
     gate_args = [*policy, "--gate-status-dir", str(tmp_path / "status")]
-    port = free_port()
-    args = spec_server_args(qwen3, draft, port, launcher="gate", gate_args=gate_args)
-    env = spec_server_env(
-        launcher="gate",
-        EAGLE_GATE_OPS_INTERVAL_S="0.2",
-        EAGLE_GATE_CONTROL_EVERY="1",  # runtime changes at the next decode step
+    env = {
+        "EAGLE_GATE_OPS_INTERVAL_S": "0.2",
+        "EAGLE_GATE_CONTROL_EVERY": "1",  # runtime changes at the next decode step
         **DP_ENV,
-    )
-    env = with_pythonpath(env, test_plugins)
-    with running_server(
-        args + DP, port, env, tmp_path / "gated.log", ready_timeout_s=500
+    }
+    with serve(
+        qwen3,
+        tmp_path / "gated.log",
+        draft_dir=draft,
+        launcher="gate",
+        gate_args=gate_args,
+        args=DP,
+        env=env,
+        pythonpath=[test_plugins],
+        ready_timeout_s=500,
     ) as srv:
         got = answers(srv.base_url, GATED)
         time.sleep(1.0)  # the ops threads rewrite the records

@@ -14,14 +14,8 @@ from __future__ import annotations
 import time
 
 import sglang_env
-from support.gated_server import generate_many, status, with_pythonpath
-from support.server import free_port, running_server
-from support.spec_server import (
-    baseline_server_args,
-    baseline_server_env,
-    spec_server_args,
-    spec_server_env,
-)
+from support.gated_server import generate_many, status
+from support.server import serve
 from support.timings import note
 
 REQUESTS = [
@@ -35,29 +29,27 @@ REQUESTS = [
 def test_two_dp_replicas_each_gate_their_batches(spec_models, test_plugins, tmp_path):
     target, draft = spec_models
     t0 = time.monotonic()
-    port = free_port()
-    with running_server(
-        baseline_server_args(target, port),
-        port,
-        baseline_server_env(),
-        tmp_path / "baseline.log",
-    ) as srv:
+    with serve(target, tmp_path / "baseline.log") as srv:
         expected = [r["output_ids"] for r in generate_many(srv.base_url, REQUESTS)]
-    port = free_port()
     gate_args = [
         *("--gate-policy", "schedule", "--gate-set", "pattern=s2,p2"),
         *("--gate-status-dir", str(tmp_path / "status")),
     ]
-    args = spec_server_args(target, draft, port, launcher="gate", gate_args=gate_args)
-    args += ["--dp-size", "2", "--load-balance-method", "round_robin"]
     extra = {"EAGLE_GATE_OPS_INTERVAL_S": "0.2"}
     if sglang_env.version() == "0.5.23":
         # 0.5.23 refuses more CPU ranks than NUMA nodes unless each rank gets
         # its cores (one each on a 2-core machine)
         extra["SGLANG_CPU_OMP_THREADS_BIND"] = "0|1"
-    env = with_pythonpath(spec_server_env(launcher="gate", **extra), test_plugins)
-    with running_server(
-        args, port, env, tmp_path / "gated.log", ready_timeout_s=500
+    with serve(
+        target,
+        tmp_path / "gated.log",
+        draft_dir=draft,
+        launcher="gate",
+        gate_args=gate_args,
+        args=["--dp-size", "2", "--load-balance-method", "round_robin"],
+        env=extra,
+        pythonpath=[test_plugins],
+        ready_timeout_s=500,
     ) as srv:
         got = [r["output_ids"] for r in generate_many(srv.base_url, REQUESTS)]
         time.sleep(1.0)  # the ops threads rewrite the records

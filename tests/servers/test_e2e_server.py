@@ -17,21 +17,16 @@ import time
 import psutil
 import pytest
 import sglang_env
-from support.server import (
-    cpu_server_args,
-    cpu_server_env,
-    free_port,
-    generate,
-    running_server,
-)
+from support.server import cpu_server_env, free_port, generate, serve
+from support.spec_server import baseline_server_args
 
 GATE_LAUNCH = [sys.executable, "-m", "eagle_gate.launch"]
 
 
 def gate_server_args(model_dir, port):
-    stock = cpu_server_args(model_dir, port)
-    assert stock[1:3] == ["-m", "sglang.launch_server"]
-    return GATE_LAUNCH + stock[3:]
+    """The command line ``serve(launcher="gate")`` runs, for launches that
+    must stop before a server is up."""
+    return baseline_server_args(model_dir, port, launcher="gate")
 
 
 def read_status_cli(status_dir) -> tuple[int, dict]:
@@ -78,15 +73,16 @@ def assert_every_scheduler_runs_the_gate(srv, status_dir, policy, settings):
 
 
 def test_gate_launcher_serves_and_every_scheduler_runs_the_gate(tiny_model, tmp_path):
-    port = free_port()
     status_dir = tmp_path / "status"
-    cmd = gate_server_args(tiny_model, port) + [
+    gate_args = [
         "--gate-policy", "threshold",
         "--gate-set", "plain_above=16",
         "--gate-set", "spec_at_or_below=2",
         "--gate-status-dir", str(status_dir),
     ]  # fmt: skip
-    with running_server(cmd, port, cpu_server_env(), tmp_path / "gate.log") as srv:
+    with serve(
+        tiny_model, tmp_path / "gate.log", launcher="gate", gate_args=gate_args
+    ) as srv:
         assert_every_scheduler_runs_the_gate(
             srv,
             status_dir,
@@ -114,13 +110,10 @@ def test_gate_launcher_serves_and_every_scheduler_runs_the_gate(tiny_model, tmp_
 def test_stock_launcher_gets_the_gate_from_the_environment_on_0_5_23(
     tiny_model, tmp_path
 ):
-    port = free_port()
     status_dir = tmp_path / "status"
-    env = cpu_server_env(
-        EAGLE_GATE_POLICY="never", EAGLE_GATE_STATUS_DIR=str(status_dir)
-    )
-    cmd = cpu_server_args(tiny_model, port)
-    with running_server(cmd, port, env, tmp_path / "stock.log") as srv:
+    env = {"EAGLE_GATE_POLICY": "never", "EAGLE_GATE_STATUS_DIR": str(status_dir)}
+    # plugins=None: SGLang loads its entry-point plugins, the gate among them
+    with serve(tiny_model, tmp_path / "stock.log", env=env, plugins=None) as srv:
         assert_every_scheduler_runs_the_gate(srv, status_dir, "never", {})
         assert len(generate(srv.base_url, "Hello", max_new_tokens=3)["output_ids"]) == 3
 

@@ -29,17 +29,10 @@ from pathlib import Path
 
 import pytest
 import sglang_env
-from support.server import (
-    cpu_server_args,
-    cpu_server_env,
-    free_port,
-    generate,
-    running_server,
-)
+from support.server import generate, serve
 
 from eagle_gate.metrics import METRICS
 
-GATE_LAUNCH = [sys.executable, "-m", "eagle_gate.launch"]
 API_KEY = "sk-eagle-gate-test"
 
 FAILING_PLUGIN = '''
@@ -205,7 +198,7 @@ def wait_for(predicate, timeout_s=20.0, every_s=0.25):
 
 def ops_env(**extra):
     # A fast ops thread so status follows changes quickly in tests.
-    return cpu_server_env(EAGLE_GATE_OPS_INTERVAL_S="0.2", **extra)
+    return {"EAGLE_GATE_OPS_INTERVAL_S": "0.2", **extra}
 
 
 @pytest.fixture(scope="module")
@@ -216,35 +209,36 @@ def plugin_site(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory, plugin_site):
     tmp = tmp_path_factory.mktemp("ops-server")
-    port = free_port()
-    stock = cpu_server_args(tiny_model, port)
-    host_at = stock.index("--host")
-    stock[host_at + 1] = "0.0.0.0"
-    cmd = GATE_LAUNCH + stock[3:] + [
-        "--enable-metrics",
+    gate_args = [
         "--gate-policy", "threshold",
         "--gate-set", "plain_above=16",
         "--gate-status-dir", str(tmp / "status"),
     ]  # fmt: skip
-    env = ops_env(PYTHONPATH=str(plugin_site))
-    with running_server(cmd, port, env, tmp / "server.log") as srv:
+    with serve(
+        tiny_model,
+        tmp / "server.log",
+        launcher="gate",
+        gate_args=gate_args,
+        args=["--enable-metrics"],
+        host="0.0.0.0",
+        env=ops_env(PYTHONPATH=str(plugin_site)),
+    ) as srv:
         srv.status_dir = tmp / "status"
-        srv.port = port
         yield srv
 
 
 @pytest.fixture(scope="module")
 def keyed_server(tiny_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("keyed-server")
-    port = free_port()
-    stock = cpu_server_args(tiny_model, port) + ["--api-key", API_KEY]
     if sglang_env.version() == "0.5.23":
-        cmd = stock
-        env = ops_env(EAGLE_GATE_POLICY="never")
+        # the stock launcher; SGLang loads the gate through its entry point
+        how = {"plugins": None, "env": ops_env(EAGLE_GATE_POLICY="never")}
     else:
-        cmd = GATE_LAUNCH + stock[3:] + ["--gate-policy", "never"]
-        env = ops_env()
-    with running_server(cmd, port, env, tmp / "server.log") as srv:
+        how = {"launcher": "gate", "gate_args": ["--gate-policy", "never"]}
+        how["env"] = ops_env()
+    with serve(
+        tiny_model, tmp / "server.log", args=["--api-key", API_KEY], **how
+    ) as srv:
         yield srv
 
 

@@ -25,9 +25,8 @@ import time
 import urllib.request
 
 import sglang_env
-from support.gated_server import status, with_pythonpath
-from support.server import free_port, running_server
-from support.spec_server import spec_server_args, spec_server_env
+from support.gated_server import status
+from support.server import serve
 from support.timings import note
 
 PD = [
@@ -66,18 +65,20 @@ def generate_decode(base_url: str, prompt: str, room: int) -> dict:
 def test_a_pd_decode_server_is_gated(spec_models, test_plugins, tmp_path):
     target, draft = spec_models
     t0 = time.monotonic()
-    port = free_port()
     gate_args = [
         *("--gate-policy", "schedule", "--gate-set", "pattern=s2,p2"),
         *("--gate-status-dir", str(tmp_path / "status")),
     ]
-    args = spec_server_args(target, draft, port, launcher="gate", gate_args=gate_args)
-    env = with_pythonpath(
-        spec_server_env(launcher="gate", EAGLE_GATE_OPS_INTERVAL_S="0.2"),
-        test_plugins,
-    )
-    with running_server(
-        args + PD, port, env, tmp_path / "decode.log", ready_timeout_s=500
+    with serve(
+        target,
+        tmp_path / "decode.log",
+        draft_dir=draft,
+        launcher="gate",
+        gate_args=gate_args,
+        args=PD,
+        env={"EAGLE_GATE_OPS_INTERVAL_S": "0.2"},
+        pythonpath=[test_plugins],
+        ready_timeout_s=500,
     ) as srv:
         outputs = [
             generate_decode(srv.base_url, p, 1000 + i) for i, p in enumerate(PROMPTS)

@@ -47,17 +47,10 @@ from support.gated_server import (
     scheduler_status,
     set_policy,
     status,
-    with_pythonpath,
 )
 from support.monitoring import all_queries, problems, scrape_labels
-from support.server import free_port, running_server
-from support.spec_server import (
-    baseline_server_args,
-    baseline_server_env,
-    spec_server_args,
-    spec_server_env,
-    without_shape,
-)
+from support.server import free_port, serve
+from support.spec_server import spec_server_args, spec_server_env
 from support.timings import note
 
 VERSION = sglang_env.version()
@@ -196,12 +189,9 @@ def reference(spec_models, tmp_path_factory) -> dict[str, dict]:
     """Every request's greedy answer from a server without speculation."""
     target, _ = spec_models
     t0 = time.monotonic()
-    port = free_port()
     log = tmp_path_factory.mktemp("baseline") / "baseline.log"
     answers: dict[str, dict] = {}
-    with running_server(
-        baseline_server_args(target, port), port, baseline_server_env(), log
-    ) as srv:
+    with serve(target, log) as srv:
         requests = reference_requests()
         names = list(requests)
         results = generate_many(srv.base_url, [requests[n] for n in names])
@@ -242,18 +232,12 @@ def gated(request, spec_models, test_plugins, tmp_path_factory):
     target, draft = spec_models
     root = tmp_path_factory.mktemp(f"gated-{config.id}")
     decision_dir = root / "decisions"
-    port = free_port()
     gate_args = [
         "--gate-policy", "never",
         "--gate-draft-sync", config.draft_sync,
         "--gate-decision-log", str(decision_dir),
         "--gate-status-dir", str(root / "status"),
     ]  # fmt: skip
-    args = spec_server_args(
-        target, draft, port, launcher="gate", overlap=config.overlap,
-        gate_args=gate_args,
-    )  # fmt: skip
-    args += ["--enable-metrics"]
     extra = {
         # runtime changes apply at the next decode step, not the 64th
         "EAGLE_GATE_CONTROL_EVERY": "1",
@@ -271,14 +255,19 @@ def gated(request, spec_models, test_plugins, tmp_path_factory):
         # build the real plain-step graph runner with capture stubbed (CI only;
         # graphs stay off on CPU): test_plain_graph_runner_constructs_on_cpu
         extra["EAGLE_GATE_CI_PLAIN_GRAPHS"] = "construct"
-    env = with_pythonpath(
-        spec_server_env(launcher="gate", overlap=config.overlap, **extra), test_plugins
-    )
-    if SABOTAGE:
-        env = with_pythonpath(env, SABOTAGE_DIR)
+    pythonpath = [SABOTAGE_DIR, test_plugins] if SABOTAGE else [test_plugins]
     t0 = time.monotonic()
-    with running_server(
-        args, port, env, root / "server.log", ready_timeout_s=400
+    with serve(
+        target,
+        root / "server.log",
+        draft_dir=draft,
+        launcher="gate",
+        overlap=config.overlap,
+        gate_args=gate_args,
+        args=["--enable-metrics"],
+        env=extra,
+        pythonpath=pythonpath,
+        ready_timeout_s=400,
     ) as srv:
         handle = Gated(config, srv.base_url, srv.log_path, decision_dir, t0)
         startup = srv.startup_s
@@ -955,18 +944,22 @@ def test_sglangs_own_tree_is_gated_with_eager_sync(
     runs per plain step, and the status shows the tree SGLang resolved."""
     target, draft = spec_models
     t0 = time.monotonic()
-    port = free_port()
     gate_args = [
         "--gate-policy", "schedule", "--gate-set", f"pattern={TREE_PATTERN}",
         "--gate-status-dir", str(tmp_path / "status"),
     ]  # fmt: skip
-    args = spec_server_args(target, draft, port, launcher="gate", gate_args=gate_args)
-    args = without_shape(args)
     extra = {"EAGLE_GATE_OPS_INTERVAL_S": "0.2", "SGLANG_IS_IN_CI": "1"}
-    env = with_pythonpath(spec_server_env(launcher="gate", **extra), test_plugins)
     requests = [(p, TREE_NEW) for p in DRAFT_PROMPTS[:TREE_REQUESTS]]
-    with running_server(
-        args, port, env, tmp_path / "server.log", ready_timeout_s=400
+    with serve(
+        target,
+        tmp_path / "server.log",
+        draft_dir=draft,
+        launcher="gate",
+        gate_args=gate_args,
+        shape=False,
+        env=extra,
+        pythonpath=[test_plugins],
+        ready_timeout_s=400,
     ) as srv:
         before = scheduler_status(srv.base_url)
         results = generate_many(srv.base_url, requests)

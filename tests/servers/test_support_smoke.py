@@ -1,8 +1,8 @@
 """Smoke test for the end-to-end helpers: stock SGLang serves the tiny model on CPU.
 
 Builds the tiny random Llama, starts ``python -m sglang.launch_server`` with the
-CPU flags from ``support.server``, asks ``/generate`` for a few greedy tokens,
-and checks that stopping the server leaves no process behind.
+CPU flags from ``support.server`` (``serve``), asks ``/generate`` for a few
+greedy tokens, and checks that stopping the server leaves no process behind.
 """
 
 from __future__ import annotations
@@ -10,13 +10,7 @@ from __future__ import annotations
 import time
 
 import psutil
-from support.server import (
-    cpu_server_args,
-    cpu_server_env,
-    free_port,
-    generate,
-    running_server,
-)
+from support.server import generate, serve
 from support.tiny_model import build_tiny_llama
 
 
@@ -50,12 +44,12 @@ def test_stock_sglang_serves_tiny_model_on_cpu(tmp_path, record_property):
     the gate does nothing (no status, no log line; on 0.5.23 SGLang does load
     our ``sglang.srt.plugins`` entry point, which must stay inert)."""
     model_dir = build_tiny_llama(tmp_path / "tiny")
-    port = free_port()
     log_path = tmp_path / "server.log"
     status_dir = tmp_path / "gate-status"
-    env = cpu_server_env(EAGLE_GATE_STATUS_DIR=str(status_dir))
+    env = {"EAGLE_GATE_STATUS_DIR": str(status_dir)}
 
-    with running_server(cpu_server_args(model_dir, port), port, env, log_path) as srv:
+    # plugins=None: SGLang's entry-point plugins load (the gate's must be inert)
+    with serve(model_dir, log_path, env=env, plugins=None) as srv:
         record_property("startup_s", round(srv.startup_s, 1))
         print(f"server healthy after {srv.startup_s:.1f}s")
         tree = [srv.pid] + [

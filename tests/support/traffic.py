@@ -83,47 +83,39 @@ def order_traffic_last(items: list) -> None:
 @pytest.fixture(scope="session")
 def traffic_servers(spec_models, test_plugins, tmp_path_factory) -> Iterator:
     """The gated server and the baseline, up together for the session."""
-    from support.gated_server import with_pythonpath
-    from support.server import free_port, running_server
-    from support.spec_server import (
-        baseline_server_args,
-        baseline_server_env,
-        sglang_version,
-        spec_server_args,
-        spec_server_env,
-    )
+    from support.server import serve
+    from support.spec_server import sglang_version
     from support.timings import note
 
     target, draft = spec_models
     root = tmp_path_factory.mktemp("traffic")
     temperature_file = root / "plain-temperature-scale"
-    gport, bport = free_port(), free_port()
     gate_args = [
         "--gate-policy", "goodput",
         "--gate-draft-sync", "eager",
         "--gate-status-dir", str(root / "status"),
     ]  # fmt: skip
-    gargs = spec_server_args(target, draft, gport, launcher="gate", gate_args=gate_args)
-    genv = spec_server_env(
-        launcher="gate",
-        overlap=True,
-        EAGLE_GATE_CONTROL_EVERY="1",
-        EAGLE_GATE_OPS_INTERVAL_S="0.2",
-        SGLANG_IS_IN_CI="1",
-        SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE="1",
-        EAGLE_GATE_CI_PLAIN_TEMPERATURE_FILE=str(temperature_file),
-    )
-    genv = with_pythonpath(genv, test_plugins)
+    genv = {
+        "EAGLE_GATE_CONTROL_EVERY": "1",
+        "EAGLE_GATE_OPS_INTERVAL_S": "0.2",
+        "SGLANG_IS_IN_CI": "1",
+        "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
+        "EAGLE_GATE_CI_PLAIN_TEMPERATURE_FILE": str(temperature_file),
+    }
     t0 = time.monotonic()
     managers = [
-        running_server(gargs, gport, genv, root / "gated.log", ready_timeout_s=400),
-        running_server(
-            baseline_server_args(target, bport),
-            bport,
-            baseline_server_env(),
-            root / "baseline.log",
+        serve(
+            target,
+            root / "gated.log",
+            draft_dir=draft,
+            launcher="gate",
+            overlap=True,
+            gate_args=gate_args,
+            env=genv,
+            pythonpath=[test_plugins],
             ready_timeout_s=400,
         ),
+        serve(target, root / "baseline.log", ready_timeout_s=400),
     ]
     with contextlib.ExitStack() as stack:
         # both start at once (their imports and loads overlap); each one that
