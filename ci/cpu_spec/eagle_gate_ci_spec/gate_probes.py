@@ -133,7 +133,17 @@ def _construct_plain_graphs(adapter, scheduler) -> dict:
             get_batch_sizes_to_capture,
         )
     expected_bs, _ = get_batch_sizes_to_capture(mr, ndt)
-    shared = {}
+    # Stand-in for the target's verify graph runner, which SGLang builds on a
+    # GPU and not on CPU, and which the gate checks its plain runner against
+    # (the same bucket list, max_bs no larger): the bucket list SGLang's own
+    # runner takes for the verify set (get_batch_sizes_to_capture with the
+    # draft tokens per request) and its max_bs, max(capture_bs), as SGLang's
+    # constructor sets them. Swapped in for the plain runner's build only.
+    shared = {
+        adapter.GRAPH_ATTR: SimpleNamespace(
+            capture_bs=list(expected_bs), max_bs=max(expected_bs)
+        )
+    }
     if getattr(mr, "graph_shared_output", False) is None:
         # 0.5.23 creates its process-shared logits buffer only where decode
         # graphs are on (never on CPU); on a GPU the verify set's buffer

@@ -350,8 +350,7 @@ def check_plain_runner(
     """Refuse a constructed plain DECODE runner that is not what the plain
     step replays: RuntimeError naming every problem (forward mode, tokens per
     request ``width``, sizes other than the verify set's, then the version's
-    own ``more``). ``verify``: the target's verify runner, or None where there
-    is none (CI's CPU test build)."""
+    own ``more``). ``verify``: the target's verify runner."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     problems = []
@@ -359,10 +358,9 @@ def check_plain_runner(
         problems.append(f"forward mode {runner.capture_forward_mode!r}")
     if width != 1:
         problems.append(f"{width} tokens per request")
-    if verify is not None:
-        mine, theirs = sorted(set(runner.capture_bs)), sorted(set(verify.capture_bs))
-        if mine != theirs:
-            problems.append(f"sizes {mine} != verify's {theirs}")
+    mine, theirs = sorted(set(runner.capture_bs)), sorted(set(verify.capture_bs))
+    if mine != theirs:
+        problems.append(f"sizes {mine} != verify's {theirs}")
     problems.extend(more)
     if problems:
         raise RuntimeError("plain decode runner: " + "; ".join(problems))

@@ -122,12 +122,12 @@ def build_plain_runner(model_runner: Any, backend: Any, cls: Any = None) -> Any:
     ``eagle_use_aux_hidden_state`` is False so the constructor does not reset
     the EAGLE3 capture layers to their defaults."""
     cls = cls or _plain_runner_cls()
-    verify = getattr(model_runner, GRAPH_ATTR)  # None only in CI's CPU test build
+    verify = getattr(model_runner, GRAPH_ATTR)
     with swap_attrs(
         model_runner, attn_backend=backend, eagle_use_aux_hidden_state=False
     ):
         runner = cls(model_runner)
-    too_big = verify is not None and runner.max_bs > verify.max_bs
+    too_big = runner.max_bs > verify.max_bs
     check_plain_runner(
         runner,
         verify,
