@@ -9,8 +9,8 @@ speculative). Two kinds of server, both built on ``support.server``
 * a speculative EAGLE-3 server: SGLang's real ``EAGLEWorkerV2`` (draft forward,
   TARGET_VERIFY, draft extend) on the Triton attention backend, whose kernels
   run under the Triton interpreter, with the CPU stand-ins of
-  ``ci/cpu_spec/eagle_gate_ci_spec.py`` switched on (the CI environments carry
-  that module in site-packages; ``.ci/make-sglang-env.sh`` puts it there).
+  ``ci/cpu_spec/eagle_gate_ci_spec`` switched on (the CI environments import
+  that package from the checkout; ``.ci/make-sglang-env.sh`` writes its .pth).
 
 ``launcher`` picks ``"sglang"`` (stock ``python -m sglang.launch_server``,
 entry-point plugins off) or ``"gate"`` (``python -m eagle_gate.launch``, with
