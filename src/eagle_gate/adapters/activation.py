@@ -253,11 +253,10 @@ def _spec_status(process: ProcessInfo) -> dict[str, Any] | None:
     return {**process.spec.as_dict(), "describe": process.spec.describe()}
 
 
-def _applied_fixes(adapter: Any) -> list[str]:
-    """The version fixes the adapter applied in this process (its optional
-    ``fixes`` module, e.g. sglang_0_5_9/fixes.py); none for other adapters."""
-    fixes = getattr(adapter, "fixes", None)
-    return list(fixes.applied()) if fixes is not None else []
+def _applied_fixes(adapter: SGLangAdapter) -> list[str]:
+    """The version fixes the adapter applied in this process (its ``fixes``
+    module; e.g. sglang_0_5_9/fixes.py, none on 0.5.23)."""
+    return list(adapter.fixes.applied())
 
 
 def _runtime_control(

@@ -1,13 +1,16 @@
-"""What the shared adapter code asks of an SGLang version: the
+"""What the shared code asks of an SGLang version: the
 :class:`SGLangAdapter` protocol.
 
 Each supported version is a package (``eagle_gate.adapters.sglang_<version>``)
 whose top level satisfies :class:`SGLangAdapter`, with a ``plain`` module
-(:class:`VersionPlain`) and a ``graphs`` module (:class:`VersionGraphs`); the
-shared modules (activation, plain-graph capture, the launcher and doctor)
-reach a version only through these names. A new SGLang version's knowledge
-goes into a new package that provides them; nothing else should need to
-change.
+(:class:`VersionPlain`), a ``graphs`` module (:class:`VersionGraphs`), a
+``dp`` module (:class:`VersionDP`) and a ``fixes`` module
+(:class:`VersionFixes`). Everything outside the version packages (hooks,
+activation, plain-graph capture, the launcher, doctor, the HTTP routes)
+reaches a version only through the names declared here, so a new SGLang
+version's knowledge goes into a new package that provides them and nothing
+else needs to change. ``tests/unit/test_package_structure.py`` checks every
+version package against these classes (names, callables, parameter names).
 """
 
 from __future__ import annotations
@@ -16,12 +19,21 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    import argparse
+
+    from eagle_gate.adapters.dp_vote import DPVote
     from eagle_gate.adapters.patching import Instrumentor, PatchTarget
     from eagle_gate.adapters.plain.step import PlainStep, PlainStepParts
     from eagle_gate.adapters.resolved import ResolvedSpec
     from eagle_gate.config import GateConfig
 
-__all__ = ["SGLangAdapter"]
+__all__ = [
+    "SGLangAdapter",
+    "VersionDP",
+    "VersionFixes",
+    "VersionGraphs",
+    "VersionPlain",
+]
 
 
 class VersionPlain(Protocol):
@@ -59,30 +71,105 @@ class VersionGraphs(Protocol):
     ) -> Any: ...
 
 
+class VersionDP(Protocol):
+    """A version's ``dp`` module: the DP-attention vote in its MLP-sync
+    gather (:mod:`eagle_gate.adapters.dp_vote`)."""
+
+    #: whether this version gates DP attention (else refused at launch).
+    GATES_DP_ATTENTION: bool
+    #: this scheduler process's vote (activation hands it to the runtime).
+    VOTE: DPVote
+    #: ``(target, wrapper)`` pairs that put the vote into the gather
+    #: (``hooks.version_patches`` installs them with the three wrappers).
+    PATCHES: tuple[tuple[PatchTarget, Callable], ...]
+    #: the gather row's columns before the vote, in SGLang's order.
+    ROW_FIELDS: tuple[str, ...]
+
+    def local_row(self, info: Any, device: Any, dtype: Any = None) -> Any:
+        """This rank's gather row, its vote in the last column."""
+        ...
+
+    def fallback_row(self, info: Any, device: Any, dtype: Any = None) -> Any:
+        """An inactive rank's gather row, voting idle."""
+        ...
+
+
+class VersionFixes(Protocol):
+    """A version's ``fixes`` module: the SGLang defects of that version the
+    gate cures where the installed code has them (possibly none)."""
+
+    #: the fixes, in the order they are judged (each has ``name``, ``summary``).
+    FIXES: tuple[Any, ...]
+
+    def judge(self) -> dict[str, bool]:
+        """Fix name -> whether the installed code has the defect (doctor)."""
+        ...
+
+    def apply_fixes(self) -> list[str]:
+        """Apply the needed fixes in this process; their names."""
+        ...
+
+    def applied(self) -> list[str]:
+        """The fixes applied in this process (status, startup log)."""
+        ...
+
+
 class SGLangAdapter(Protocol):
     """One SGLang version family, as the shared code sees it (the version
     package's top level)."""
 
     #: the versions this adapter is written against (the first is reported).
     SGLANG_VERSIONS: tuple[str, ...]
-    #: the adapter's name in logs, status and metrics ("sglang-0.5.23").
+    #: the adapter's name in logs, status and metrics (e.g. sglang-0.5.23).
     NAME: str
     #: the modules the scheduler-side patches live in (the resolver's and
     #: ``Scheduler.__init__``'s): insisted on even where the gate is idle.
     SCHEDULER_MODULE: str
     RESOLVER_MODULE: str
+    #: the module of the EAGLE worker the gate wraps.
+    WORKER_MODULE: str
+    #: what ``hooks.version_patches`` wraps: the worker's
+    #: ``forward_batch_generation`` (and the name of its batch parameter),
+    #: the scheduler's spec-v2 result resolver and ``Scheduler.__init__``.
+    WORKER_TARGET: PatchTarget
+    WORKER_BATCH_PARAM: str
+    RESOLVER_TARGET: PatchTarget
+    SCHEDULER_INIT_TARGET: PatchTarget
     #: the wrappers on this version's worker, resolver and scheduler init.
     INSTRUMENTOR: Instrumentor
     #: every patch target the adapter relies on (checked by doctor and for
     #: untested versions), wrapped or not.
     TARGETS: tuple[PatchTarget, ...]
-    #: the version's plain step and its plain-step graphs.
+    #: environment variables this version reads while resolving its
+    #: arguments (doctor resolves with them as the launcher leaves them).
+    LAUNCH_ENV_KEYS: tuple[str, ...]
+    #: whether this SGLang loads ``sglang.srt.plugins`` entry points (then
+    #: the stock launcher can gate, through ``eagle_gate.sglang_plugin``).
+    HAS_SGLANG_PLUGINS: bool
+    #: the version's plain step, plain-step graphs, DP vote and fixes.
     plain: VersionPlain
     graphs: VersionGraphs
+    dp: VersionDP
+    fixes: VersionFixes
 
     def _instrument(self) -> None: ...
 
     def _uninstrument(self) -> None: ...
+
+    def launch_environment(self, requested: argparse.Namespace) -> dict[str, str]:
+        """Environment the launcher sets before SGLang parses anything, given
+        the raw flags (``resolved.requested_flags``)."""
+        ...
+
+    def load_sglang_plugins(self) -> None:
+        """Run SGLang's plugin loading in the launcher (a no-op without
+        ``HAS_SGLANG_PLUGINS``)."""
+        ...
+
+    def api_keys(self, http_server: Any) -> tuple[str | None, str | None] | None:
+        """SGLang's ``(api_key, admin_api_key)`` from its HTTP server module
+        (``sglang.srt.entrypoints.http_server``), None if unknown."""
+        ...
 
     def resolve_spec(self, server_args: Any, requested: Any = None) -> ResolvedSpec:
         """The speculative setup as this version's own resolution leaves it."""

@@ -22,6 +22,7 @@ What this version needs (read from the 0.5.23 wheel):
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any
 
@@ -29,7 +30,7 @@ from eagle_gate.adapters.hooks import version_patches
 from eagle_gate.adapters.patching import PatchTarget
 from eagle_gate.adapters.refusals import GateRefused, check_speculation
 from eagle_gate.adapters.resolved import ResolvedSpec, sglang_flag
-from eagle_gate.adapters.sglang_0_5_23 import dp, graphs, plain  # noqa: F401
+from eagle_gate.adapters.sglang_0_5_23 import dp, fixes, graphs, plain  # noqa: F401
 from eagle_gate.adapters.sglang_0_5_23.resolve import (  # noqa: F401 (adapter API)
     resolve_argv,
     resolve_spec,
@@ -60,6 +61,10 @@ SCHEDULER_INIT_TARGET = PatchTarget(
     SCHEDULER_MODULE, "Scheduler.__init__", ("self", "server_args", "port_args")
 )
 PLUGIN_LOADER_TARGET = PatchTarget("sglang.srt.plugins", "load_plugins", ())
+#: no environment steers 0.5.23's argument resolution (spec v2 is the only path).
+LAUNCH_ENV_KEYS: tuple[str, ...] = ()
+#: 0.5.23 loads ``sglang.srt.plugins`` entry points (eagle_gate's among them).
+HAS_SGLANG_PLUGINS = True
 
 
 #: this package, as the shared code sees it (eagle_gate.adapters.protocol).
@@ -68,6 +73,24 @@ ADAPTER = sys.modules[__name__]
 #: versions).
 INSTRUMENTOR, TARGETS = version_patches(ADAPTER, PLUGIN_LOADER_TARGET)
 _instrument, _uninstrument = INSTRUMENTOR.instrument, INSTRUMENTOR.uninstrument
+
+
+def launch_environment(requested: argparse.Namespace) -> dict[str, str]:
+    """Nothing to set before SGLang parses: 0.5.23 has no switch that changes
+    its resolution or its worker (``SGLANG_ENABLE_SPEC_V2`` is gone)."""
+    return {}
+
+
+def api_keys(http_server: Any) -> tuple[str | None, str | None] | None:
+    """SGLang's ``(api_key, admin_api_key)`` as 0.5.23's HTTP server keeps them
+    (``get_serving()`` of ``sglang.srt.entrypoints.http_server``), None before
+    it serves. The control endpoint defers to SGLang's key check when one is
+    set."""
+    try:
+        serving = http_server.get_serving()
+        return serving.api_key, serving.admin_api_key
+    except Exception:
+        return None
 
 
 def check_spec(

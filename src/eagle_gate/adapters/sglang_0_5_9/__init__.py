@@ -17,6 +17,7 @@ What this version needs (read from the 0.5.9 wheel):
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any
 
@@ -64,6 +65,11 @@ LAUNCH_TARGET = PatchTarget(
 
 #: environment SGLang 0.5.9 reads to choose the spec-v2 worker.
 SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
+#: the environment 0.5.9 reads while resolving its arguments: doctor resolves
+#: a command line with these as the launcher would leave them.
+LAUNCH_ENV_KEYS: tuple[str, ...] = (SPEC_V2_ENV,)
+#: 0.5.9 has no ``sglang.srt.plugins`` loader (see :func:`load_sglang_plugins`).
+HAS_SGLANG_PLUGINS = False
 
 
 #: this package, as the shared code sees it (eagle_gate.adapters.protocol).
@@ -72,6 +78,32 @@ ADAPTER = sys.modules[__name__]
 #: versions).
 INSTRUMENTOR, TARGETS = version_patches(ADAPTER, LAUNCH_TARGET)
 _instrument, _uninstrument = INSTRUMENTOR.instrument, INSTRUMENTOR.uninstrument
+
+
+def launch_environment(requested: argparse.Namespace) -> dict[str, str]:
+    """The environment the launcher sets before SGLang parses anything, given
+    the raw flags (``resolved.requested_flags``): with speculation requested,
+    ``SGLANG_ENABLE_SPEC_V2=1``, because 0.5.9 resolves its arguments and
+    chooses its worker from that variable, and the gate patches only the
+    spec-v2 worker. Not a judgement: :func:`check_spec` judges the result."""
+    return {SPEC_V2_ENV: "1"} if requested.speculative_algorithm else {}
+
+
+def load_sglang_plugins() -> None:
+    """Nothing to load: 0.5.9 has no ``sglang.srt.plugins`` loader, so the
+    launcher instruments schedulers itself (:func:`run_scheduler_process`)."""
+
+
+def api_keys(http_server: Any) -> tuple[str | None, str | None] | None:
+    """SGLang's ``(api_key, admin_api_key)`` as 0.5.9's HTTP server keeps them
+    (its tokenizer manager's server args; ``http_server`` is
+    ``sglang.srt.entrypoints.http_server``), None before it has them. The
+    control endpoint defers to SGLang's key check when one is set."""
+    try:
+        args = http_server._global_state.tokenizer_manager.server_args
+        return args.api_key, getattr(args, "admin_api_key", None)
+    except Exception:
+        return None
 
 
 def check_spec(
