@@ -106,18 +106,18 @@ def current_config(directory: StatusDir | None = None) -> GateConfig:
 
 
 def configured_keys() -> tuple[str | None, str | None] | None:
-    """SGLang's ``(api_key, admin_api_key)`` in this process, None if unknown."""
+    """SGLang's ``(api_key, admin_api_key)`` in this process, None if unknown.
+
+    Where SGLang keeps them differs by version, so the adapter this process
+    chose (the launcher or SGLang's plugin entry chose it before the routes
+    were installed) reads them its own way."""
     hs = sys.modules.get(HTTP_SERVER_MODULE)
     if hs is None:
         return None
-    try:  # 0.5.23
-        serving = hs.get_serving()
-        return serving.api_key, serving.admin_api_key
-    except Exception:
-        pass
-    try:  # 0.5.9
-        args = hs._global_state.tokenizer_manager.server_args
-        return args.api_key, getattr(args, "admin_api_key", None)
+    try:
+        from eagle_gate.adapters import selected_adapter
+
+        return selected_adapter().api_keys(hs)
     except Exception:
         return None
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import logging
+import os
 from types import ModuleType
 
 from eagle_gate.adapters.patching import GatePatchError
@@ -28,6 +29,7 @@ __all__ = [
     "GateRefused",
     "installed_sglang_version",
     "select_adapter",
+    "selected_adapter",
 ]
 
 #: SGLang version -> adapter module.
@@ -36,6 +38,8 @@ SUPPORTED: dict[str, str] = {
     "0.5.23": "eagle_gate.adapters.sglang_0_5_23",
 }
 ENV_ALLOW_UNTESTED = "EAGLE_GATE_ALLOW_UNTESTED_SGLANG"
+#: the adapter this process chose for the installed SGLang (selected_adapter).
+_SELECTED: ModuleType | None = None
 
 
 class UnsupportedSGLang(RuntimeError):
@@ -82,8 +86,29 @@ def nearest_supported(version: str) -> str:
 def select_adapter(
     version: str | None = None, *, allow_untested: bool = False
 ) -> ModuleType:
-    """Return the adapter module for ``version`` (default: the installed one)."""
-    version = version or installed_sglang_version()
+    """Return the adapter module for ``version`` (default: the installed one,
+    which :func:`selected_adapter` then remembers for this process)."""
+    global _SELECTED
+    adapter = _select(version or installed_sglang_version(), allow_untested)
+    if version is None:
+        _SELECTED = adapter
+    return adapter
+
+
+def selected_adapter() -> ModuleType:
+    """The adapter this process chose for the installed SGLang (the launcher
+    and SGLang's plugin entry choose it first), else the one
+    :func:`select_adapter` gives now, the nearest allowed when
+    ``EAGLE_GATE_ALLOW_UNTESTED_SGLANG=1`` (which the launcher exports).
+    Remembered, so code that runs often (the HTTP routes) pays neither the
+    version lookup nor an untested version's target checks again. Raises
+    UnsupportedSGLang."""
+    if _SELECTED is not None:
+        return _SELECTED
+    return select_adapter(allow_untested=os.environ.get(ENV_ALLOW_UNTESTED, "") == "1")
+
+
+def _select(version: str, allow_untested: bool) -> ModuleType:
     if version in SUPPORTED:
         return importlib.import_module(SUPPORTED[version])
     supported = ", ".join(SUPPORTED)
