@@ -15,7 +15,7 @@ the smallest ratio over the seeds of goodput to the better fixed mode
 (``gp/best(a,n)``) and to ``oracle-mean``, with the standard error of the
 mean. Rows whose mean is below ``--below`` are listed at the end.
 
-``--suite`` runs instead the policy suite of issue #23
+``--suite`` runs instead the policy suite
 (:func:`eagle_gate.sim.workloads.policy_suite`: acceptance drift, close calls
 at batch 1/4/8, batch jitter, a load ramp through a crossover; outcomes 1-2
 steps late) and prints one markdown row per suite row: goodput's mean and
@@ -159,7 +159,9 @@ def main() -> None:
     ap.add_argument("--workload", action="append")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--below", type=float, default=0.995)
-    ap.add_argument("--suite", action="store_true", help="the #23 policy suite")
+    ap.add_argument(
+        "--suite", action="store_true", help="the policy suite (docs/goodput.md)"
+    )
     ap.add_argument("--seed-start", type=int, default=0)
     ap.add_argument("--policy", help="FILE:CLASS to run instead of goodput")
     args = ap.parse_args()

@@ -25,6 +25,10 @@ request's first token; decode batches hold every running request.
 Randomness (lengths, classes, acceptance, noise, arrivals) comes from one seeded
 generator and pre-drawn pools, so two policies on the same scenario see the
 same requests (common random numbers) and a run is reproducible.
+
+The scenario and result types are in :mod:`eagle_gate.sim.scenario`, the
+request table and running batch (with what the oracles peek at) in
+:mod:`eagle_gate.sim.requests`; this module keeps the step loop.
 """
 
 from __future__ import annotations
@@ -32,108 +36,22 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from eagle_gate.policy import Mode, StepOutcome, StepView
 from eagle_gate.sim.profiles import Profile
+from eagle_gate.sim.requests import MASK, POOL, LazySeqLens, RequestTable
+from eagle_gate.sim.scenario import Scenario, Segment, SimResult
 
 __all__ = ["Scenario", "Segment", "SimResult", "Simulator", "run_policy"]
 
-_POOL = 1 << 15
-_MASK = _POOL - 1
+_POOL = POOL
+_MASK = MASK
 _SPEC = Mode.SPEC
 _PLAIN = Mode.PLAIN
 
 
-@dataclass(frozen=True)
-class Segment:
-    """A stretch of the load schedule.
-
-    ``level`` is the number of concurrent clients (closed loop) or the arrival
-    rate in requests/s (open loop). ``class_probs`` maps request class ->
-    probability (``None``: the profile's default class only).
-    """
-
-    duration_s: float
-    level: float
-    class_probs: Mapping[str, float] | None = None
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """A load schedule. Measurement excludes the first ``warmup_s`` seconds."""
-
-    name: str
-    segments: Sequence[Segment]
-    closed_loop: bool = True
-    warmup_s: float = 0.0
-    #: closed loop: start with the first segment's clients already decoding at
-    #: random progress (a steady state instead of a synchronized start).
-    staggered_start: bool = True
-    seed: int = 0
-    #: share of decode intervals reported as unknown (``interval_s=None``) on
-    #: top of those after prefills: adapters that cannot time every step.
-    unknown_share: float = 0.0
-    #: outcomes arrive 1..max_delay steps after their decision (1 or 2 as in
-    #: serving with overlap scheduling; order kept).
-    max_delay: int = 1
-    #: the gate's draft sync: "eager" PLAIN outcomes carry ``draft_matches``;
-    #: "lazy" and "none" do not (None).
-    draft_sync: str = "eager"
-
-    @property
-    def duration_s(self) -> float:
-        return sum(s.duration_s for s in self.segments)
-
-
-@dataclass
-class SimResult:
-    """What one run produced."""
-
-    policy: str
-    scenario: str
-    tokens: int  # output tokens emitted inside the measurement window
-    time_s: float  # length of the measurement window
-    tpot_s: float  # mean time per output token of requests completed in it
-    decode_steps: int
-    spec_steps: int
-    completed: int
-    total_tokens: int  # all output tokens emitted in the run
-    clock_s: float  # simulated time at the end
-    busy_s: float  # sum of all step, prefill and idle durations
-    explored_share: float | None = None
-    switches: int | None = None
-    #: seconds of decode steps whose mode was not the policy's ``home`` (its
-    #: chosen mode, probes aside), for policies that expose one; else None.
-    explored_s: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def tok_s(self) -> float:
-        return self.tokens / self.time_s if self.time_s > 0 else 0.0
-
-
-class _LazySeqLens:
-    """The running batch's sequence lengths, computed only if a policy asks."""
-
-    __slots__ = ("_sim",)
-
-    def __init__(self, sim: Simulator) -> None:
-        self._sim = sim
-
-    def __len__(self) -> int:
-        return len(self._sim._run_rem)
-
-    def max(self) -> int:
-        return self._sim._seq_len_max()
-
-    def sum(self) -> int:
-        return self._sim._kv
-
-
-class Simulator:
+class Simulator(RequestTable):
     """Serve one scenario on one profile with one policy (see module doc)."""
 
     def __init__(
@@ -186,124 +104,13 @@ class Simulator:
             self._unknown = None
         self._req_rng = random.Random(scenario.seed * 7_919 + 3)
 
-    # -- helpers used by the oracle ------------------------------------------------
-
-    def peek(self) -> tuple[int, int, float, float, float]:
-        """(batch, spec_tokens, spec_time, resync_time, plain_time) of the next
-        step without noise, using the acceptance draws the step will use."""
-        b = len(self._run_rem)
-        k = self.profile.num_draft_tokens
-        s = k - 1
-        p = self._ptr
-        pools = self._run_pool
-        rem = self._run_rem
-        tot = 0
-        for i in range(b):
-            g = pools[i][(p + i) & _MASK]
-            a = g + 1 if g < s else k
-            r = rem[i]
-            tot += a if a < r else r
-        prof = self.profile
-        resync = prof.resync_time(b, self._plain_run) if self._plain_run else 0.0
-        return (
-            b,
-            tot,
-            prof.spec_time(b, self._kv),
-            resync,
-            prof.plain_time(b, self._kv),
-        )
-
-    def peek_mean(self) -> tuple[int, float, float, float, float]:
-        """Like :meth:`peek`, with each request's *expected* accept length
-        (its class's mean) instead of the step's draws."""
-        b = len(self._run_rem)
-        means = self._pool_mean
-        pools = self._run_pool
-        rem = self._run_rem
-        tot = 0.0
-        for i in range(b):
-            a = means[id(pools[i])]
-            r = rem[i]
-            tot += a if a < r else r
-        prof = self.profile
-        resync = prof.resync_time(b, self._plain_run) if self._plain_run else 0.0
-        return (
-            b,
-            tot,
-            prof.spec_time(b, self._kv),
-            resync,
-            prof.plain_time(b, self._kv),
-        )
-
-    def _seq_len_max(self) -> int:
-        base = self._run_base
-        rem = self._run_rem
-        return max((base[i] - rem[i] for i in range(len(rem))), default=0)
-
-    # -- requests ------------------------------------------------------------------
-
-    def _new_request(self, now: float, class_probs: Mapping[str, float] | None) -> int:
-        prof = self.profile
-        rr = self._req_rng
-        p = rr.randint(*prof.prompt_len)
-        o = rr.randint(*prof.output_len)
-        if class_probs:
-            u = rr.random()
-            name = None
-            acc = 0.0
-            for cname, prob in class_probs.items():
-                acc += prob
-                if u < acc:
-                    name = cname
-                    break
-            if name is None:
-                name = next(reversed(list(class_probs)))
-        else:
-            name = prof.default_class
-        rid = len(self._r_prompt)
-        self._r_prompt.append(p)
-        self._r_out.append(o)
-        self._r_target.append(o)
-        self._r_emitted.append(0)
-        self._r_arrival.append(now)
-        self._r_first.append(-1.0)
-        self._r_done.append(-1.0)
-        self._r_class.append(name)
-        return rid
-
-    def _admit_running(self, rid: int, rem: int, ctx: int) -> None:
-        self._run_id.append(rid)
-        self._run_rem.append(rem)
-        self._run_pool.append(self._pools[self._r_class[rid]])
-        self._run_base.append(ctx + rem)
-        self._kv += ctx
-        self._reserved += ctx + rem
-
     # -- the run -------------------------------------------------------------------
 
     def run(self, policy: Any) -> SimResult:
         prof = self.profile
         scen = self.scenario
         rec = self.events if self.record else None
-        # request table
-        self._r_prompt: list[int] = []
-        self._r_out: list[int] = []
-        self._r_target: list[int] = []
-        self._r_emitted: list[int] = []
-        self._r_arrival: list[float] = []
-        self._r_first: list[float] = []
-        self._r_done: list[float] = []
-        self._r_class: list[str] = []
-        self._r_initial: set[int] = set()
-        # running batch (parallel lists)
-        self._run_id: list[int] = []
-        self._run_rem: list[int] = []
-        self._run_pool: list[list[int]] = []
-        self._run_base: list[int] = []
-        self._kv = 0
-        self._reserved = 0
-        self._ptr = 0
-        self._plain_run = 0
+        self._reset_requests()
         waiting: deque[int] = deque()
         thinking: deque[float] = deque()  # closed loop: when clients send again
         gap = prof.client_gap_s
@@ -330,25 +137,7 @@ class Simulator:
         active = 0  # closed loop: clients with a request in the system
 
         if scen.closed_loop and scen.staggered_start and segs:
-            rr = self._req_rng
-            c0 = int(segs[0].level)
-            for _ in range(c0):
-                rid = self._new_request(0.0, segs[0].class_probs)
-                o = self._r_out[rid]
-                g = rr.randint(1, o - 1) if o > 1 else 0
-                rem = o - g
-                self._r_target[rid] = rem
-                self._r_first[rid] = 0.0
-                self._r_initial.add(rid)
-                active += 1
-                if len(self._run_id) < prof.max_running:
-                    self._admit_running(rid, rem, self._r_prompt[rid] + g)
-                else:
-                    # not admitted: it restarts from its prefill
-                    self._r_target[rid] = o
-                    self._r_first[rid] = -1.0
-                    self._r_initial.discard(rid)
-                    waiting.append(rid)
+            active += self._start_staggered(segs[0], waiting)
 
         # open loop arrivals: thinning-free piecewise-constant Poisson process
         next_arrival = math.inf
@@ -374,7 +163,7 @@ class Simulator:
             next_arrival = draw_arrival(0.0)
 
         view = StepView(num_draft_tokens=prof.num_draft_tokens)
-        lazy_lens = _LazySeqLens(self)
+        lazy_lens = LazySeqLens(self)
         lengths = self.cpu_seq_lens
         pending: deque[tuple[int, StepOutcome]] = deque()
         max_delay = max(1, int(scen.max_delay))
@@ -571,52 +360,20 @@ class Simulator:
             prev_decode = True
             step += 1
             if fin:
-                run_base = self._run_base
-                for i in reversed(fin):
-                    rid = run_id[i]
-                    self._r_done[rid] = clock
-                    active -= 1
-                    if gap > 0.0:
-                        thinking.append(clock + gap)
-                    self._kv -= run_base[i]  # rem is 0: ctx == base
-                    self._reserved -= run_base[i]
-                    last = len(run_id) - 1
-                    if i != last:
-                        run_id[i] = run_id[last]
-                        run_rem[i] = run_rem[last]
-                        run_pool[i] = run_pool[last]
-                        run_base[i] = run_base[last]
-                    run_id.pop()
-                    run_rem.pop()
-                    run_pool.pop()
-                    run_base.pop()
+                active -= self._retire(fin, clock, thinking, gap)
         for _, out in pending:
             if rec is not None:
                 rec.append(("observe", out.step))
             policy.observe(out)
 
-        # TPOT of requests that arrived in the run and finished in the window
-        tp_sum = 0.0
-        tp_n = 0
-        completed = 0
-        for rid in range(len(self._r_done)):
-            done = self._r_done[rid]
-            if done < 0:
-                continue
-            completed += 1
-            if done <= warm:
-                continue
-            n = self._r_target[rid]
-            if n > 1:
-                tp_sum += (done - self._r_first[rid]) / (n - 1)
-                tp_n += 1
+        tpot_s, completed = self._tpot_and_completed(warm)
         window = clock - warm
         return SimResult(
             policy=getattr(policy, "name", type(policy).__name__),
             scenario=scen.name,
             tokens=win_tokens,
             time_s=window,
-            tpot_s=tp_sum / tp_n if tp_n else float("nan"),
+            tpot_s=tpot_s,
             decode_steps=step,
             spec_steps=spec_steps,
             completed=completed,
@@ -627,15 +384,6 @@ class Simulator:
             switches=getattr(policy, "switches", None),
             explored_s=explored_s if has_home else None,
         )
-
-    # -- accounting views for tests ---------------------------------------------------
-
-    def request_accounting(self) -> list[tuple[int, int, bool]]:
-        """Per request: (tokens requested in this run, tokens emitted, done)."""
-        return [
-            (self._r_target[r], self._r_emitted[r], self._r_done[r] >= 0)
-            for r in range(len(self._r_target))
-        ]
 
 
 def run_policy(profile: Profile, scenario: Scenario, policy: Any) -> SimResult:

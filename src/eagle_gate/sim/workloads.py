@@ -194,7 +194,7 @@ SUITE_RAMP: tuple[int, ...] = (4, 8, 16, 24, 32, 48, 64, 48, 32, 24, 16, 8, 4)
 
 
 def policy_suite(quick: bool = False) -> list[SuiteRow]:
-    """The rows issue #23 judges a policy on: acceptance drift down and up at
+    """The rows a policy is judged on (docs/goodput.md): acceptance drift down and up at
     batch 1 and 8; a close call each way (3%) at batch 1, 4 and 8; batch
     jitter (about +-40% around the crossover, from clients that pause) with a
     quarter of the intervals unknown; a load ramp through the crossover.
