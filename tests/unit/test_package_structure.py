@@ -275,7 +275,7 @@ def protocol_members(cls: type) -> tuple[dict[str, object], dict[str, object]]:
     hints = typing.get_type_hints(
         cls, globalns={**vars(protocol), **_type_checking_names()}
     )
-    own = vars(cls).get("__annotations__", {})
+    own = inspect.get_annotations(cls)
     attributes = {name: hints[name] for name in own}
     methods = {
         name: value
