@@ -103,13 +103,13 @@ def select_plain_path(graphs: PlainGraphs | None, bs: int) -> tuple[str, str | N
 def draft_extend_path(runner: Any, bs: int, *, mlp_sync_ok: bool = True) -> str:
     """``"graph"`` when SGLang's ``_draft_extend_for_decode`` will replay its
     own draft-extend CUDA graph for a batch of ``bs`` requests, else
-    ``"eager"`` (docs/plain-graphs.md §2.5, §3.6, §5.7).
+    ``"eager"`` (docs/plain-graphs.md, "What runs where", the draft side).
 
     ``runner``: the draft worker's ``cuda_graph_runner_for_draft_extend``
     (None where SGLang captured none: CPU, graphs disabled, a draft backend
     without draft-extend graphs). The test is the one SGLang's ``can_run``
     (0.5.9) and ``can_run_graph`` (0.5.23) apply on a server without DP
-    attention (the gate refuses DP attention): ``bs <= max_bs``, or, with
+    attention: ``bs <= max_bs``, or, with
     ``--disable-cuda-graph-padding``, ``bs`` among the captured sizes; where
     the runner needs MLP sync, also the batch's own graph flag
     (``mlp_sync_ok``, which the version's adapter reads). What only one
@@ -211,7 +211,7 @@ def plain_target_forward(
     bs: int,
     forward: Callable[[], Any],
 ) -> tuple[Any, bool]:
-    """The plain step's target forward (docs/plain-graphs.md §5.2).
+    """The plain step's target forward (docs/plain-graphs.md, "What runs where").
 
     Graph path: bind the plain attention backend and the plain DECODE runner
     (``graph_attr``: where the version keeps the target's graph runner) for

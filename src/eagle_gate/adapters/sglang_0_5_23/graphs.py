@@ -1,8 +1,53 @@
-"""SGLang 0.5.23: the plain step's own DECODE CUDA graphs (docs/plain-graphs.md
-§3). What 0.5.23 keeps where: the target's verify-shaped
+"""SGLang 0.5.23: the plain step's own DECODE CUDA graphs (docs/plain-graphs.md).
+What 0.5.23 keeps where: the target's verify-shaped
 ``DecodeCudaGraphRunner`` under ``model_runner.decode_cuda_graph_runner``,
 its memory per phase, a second attention backend bound to the KV index
 translator; the shared build is :mod:`eagle_gate.adapters.plain.capture`.
+
+What this relies on in 0.5.23 (read from the wheel, paths under
+``sglang/srt/``; line numbers and the options weighed are in the design
+record docs/design/2026-12-plain-graphs.md §3 and §4):
+
+* ``model_executor/runner/decode_cuda_graph_runner.py``:
+  ``DecodeCudaGraphRunner(model_runner, *, attn_backend=None,
+  speculative_num_steps=None, speculative_num_draft_tokens=None, ...)``.
+  ``speculative_num_draft_tokens=1`` gives width 1, but the constructor
+  still switches a speculative target to TARGET_VERIFY, calls
+  ``self.attn_backend.init_cuda_graph_state`` and captures; hence the
+  subclass that pins DECODE, a hidden capture of at least LAST and no spec
+  info, as SGLang's ``EAGLEDraftExtendCudaGraphRunner`` and
+  ``UnoDecodeCudaGraphRunner`` specialise the same class. Nothing else is
+  swapped during construction: capture uses the runner's own backend.
+  ``can_run_graph`` checks the width, the batch size, MLP sync, encoder
+  lengths and TBO, not the forward mode; ``load_batch`` refuses a runtime
+  hidden mode above the captured one, and nothing re-captures. The logits
+  buffer is a view of one process-shared buffer, and equal input buffers
+  are shared across runners (filled right before each replay).
+* ``model_executor/model_runner.py``: ``_forward_raw`` runs
+  ``decode_cuda_graph_runner.execute`` when ``can_run_graph`` holds, else
+  the eager runner with ``model_runner.attn_backend``, so the backend is
+  swapped together with the runner. ``_get_attention_backend`` builds a
+  second backend, bound with ``kv_index_translator.bind_and_verify_backends``
+  as ``init_attention_backends`` binds the first; ``graph_memory_usage``
+  holds the graphs' memory per phase. SGLang swaps the same two attributes
+  itself (``EAGLEWorkerV2.apply_runtime_state``, UNO); adaptive speculation's
+  "off" state is a 1-token verify, not a plain decode, and needs
+  ``--speculative-adaptive``, which the gate refuses.
+* Attention backends: as on 0.5.9, ``init_cuda_graph_state`` replaces the
+  graph state (Triton's buffers, FA3's and trtllm_mha's per-mode dicts);
+  SGLang itself builds a new backend for every extra graph set.
+* Blockers read here: ``check_cuda_graph_backend(Phase.DECODE,
+  Backend.DISABLED)``, LoRA (shared graph batch info), forward hooks
+  (registered after SGLang's capture), elastic EP (resets the graph pool),
+  graph-pool borrowing (extents carved at capture).
+* Draft side (``speculative/eagle_worker_v2.py``): the draft-extend graph is
+  captured on CUDA for Triton, FlashInfer, FA3, trtllm_mha and more, unless
+  ``SGLANG_DISABLE_DRAFT_EXTEND_CUDA_GRAPH``; ``_draft_extend_for_decode``
+  replays it when the width equals ``num_draft_tokens`` (true for the plain
+  step's flat layout) and the batch fits.
+* ``model_executor/cpu_graph_runner.py``: chosen on CPU only with
+  ``--enable-torch-compile``; it asserts no speculation, and only intel_amx
+  has its hooks: no CPU test captures.
 """
 
 from __future__ import annotations
@@ -18,8 +63,7 @@ from eagle_gate.adapters.plain.graphs import plain_decode_pins
 from eagle_gate.adapters.plain.tensors import swap_attrs
 from eagle_gate.adapters.resolved import sglang_flag
 
-#: what the plain step's DECODE CUDA graphs use (docs/plain-graphs.md §3):
-#: checked, not wrapped.
+#: what the plain step's DECODE CUDA graphs use: checked, not wrapped.
 GRAPH_RUNNER_MODULE = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 PLAIN_RUNNER_TARGET = PatchTarget(
     GRAPH_RUNNER_MODULE,
@@ -83,7 +127,8 @@ def _plain_runner_cls() -> Any:
 
 
 def version_blockers(model_runner: Any, server_args: Any) -> str | None:
-    """0.5.23's reasons the plain step gets no DECODE graphs (§5.4)."""
+    """0.5.23's reasons the plain step gets no DECODE graphs
+    (docs/plain-graphs.md, "Why the set stays off")."""
     from sglang.srt.model_executor.cuda_graph_config import (
         Backend,
         Phase,
