@@ -42,6 +42,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eagle_gate.options import (
+    DEFAULT_DRAFT_SYNC,
+    DEFAULT_LAZY_MAX_MIB,
+    DEFAULT_PLAIN_GRAPHS,
+    DEFAULT_POLICY,
+    DRAFT_SYNC_CHOICES,
+    OPTIONS,
+    PLAIN_GRAPHS_CHOICES,
+    ConfigError,
+    Option,
+    Origin,
+    blame,
+    config_options,
+    file_keys,
+    from_keywords,
+    given,
+    option,
+)
 from eagle_gate.plugins import get_policy_factory
 from eagle_gate.settings import SettingsError, validate_settings
 
@@ -59,53 +77,46 @@ __all__ = [
     "ENV_STATUS_DIR",
     "ConfigError",
     "GateConfig",
+    "Origin",
     "resolve_config",
+    "resolve_config_with_origins",
+    "config_file_source",
     "config_from_environment",
     "gate_requested",
+    "split_env_set",
+    "unvalidated",
 ]
 
-DEFAULT_POLICY = "goodput"
-ENV_POLICY = "EAGLE_GATE_POLICY"
-ENV_SET = "EAGLE_GATE_SET"
-ENV_CONFIG = "EAGLE_GATE_CONFIG"
-ENV_STATUS_DIR = "EAGLE_GATE_STATUS_DIR"
-ENV_RESOLVED = "EAGLE_GATE_RESOLVED"
-ENV_DRAFT_SYNC = "EAGLE_GATE_DRAFT_SYNC"
-ENV_PLAIN_STEP = "EAGLE_GATE_PLAIN_STEP"
-ENV_LAZY_MAX_MIB = "EAGLE_GATE_LAZY_MAX_MIB"
-ENV_SHADOW = "EAGLE_GATE_SHADOW"
-ENV_PLAIN_GRAPHS = "EAGLE_GATE_PLAIN_GRAPHS"
-#: default bound of the lazy draft-sync buffer, per scheduler process.
-DEFAULT_LAZY_MAX_MIB = 2048
+__all__ += [  # declared in eagle_gate.options, importable from here as before
+    "DEFAULT_DRAFT_SYNC",
+    "DEFAULT_LAZY_MAX_MIB",
+    "DEFAULT_PLAIN_GRAPHS",
+    "DRAFT_SYNC_CHOICES",
+    "PLAIN_GRAPHS_CHOICES",
+]
 
-#: how a plain step keeps the EAGLE draft model's state (see README).
-DRAFT_SYNC_CHOICES = ("eager", "lazy", "none")
-DEFAULT_DRAFT_SYNC = "eager"
-#: whether the plain step gets its own DECODE CUDA-graph set (docs/plain-graphs.md).
-PLAIN_GRAPHS_CHOICES = ("auto", "on", "off")
-DEFAULT_PLAIN_GRAPHS = "auto"
+ENV_POLICY = option("policy").env
+ENV_SET = option("settings").env
+ENV_CONFIG = option("config").env
+ENV_STATUS_DIR = option("status_dir").env
+ENV_DRAFT_SYNC = option("draft_sync").env
+ENV_PLAIN_STEP = option("plain_step").env
+ENV_LAZY_MAX_MIB = option("lazy_max_mib").env
+ENV_SHADOW = option("shadow").env
+ENV_PLAIN_GRAPHS = option("plain_graphs").env
+#: the launcher's validated configuration, handed to every SGLang process.
+ENV_RESOLVED = "EAGLE_GATE_RESOLVED"
 #: turns the gate on with all defaults (0.5.23's stock launcher path).
 ENV_ENABLE = "EAGLE_GATE_ENABLE"
-
-_FILE_KEYS = {
-    "policy",
-    "settings",
-    "status_dir",
-    "draft_sync",
-    "plain_step",
-    "plain_graphs",
-    "lazy_max_mib",
-    "shadow",
-}
-
-
-class ConfigError(ValueError):
-    """The gate's configuration is invalid; the message says what and where."""
 
 
 @dataclass(frozen=True)
 class GateConfig:
-    """A resolved, validated gate configuration."""
+    """A resolved, validated gate configuration.
+
+    Its fields are the ``target="config"`` options of :mod:`eagle_gate.options`
+    (a test keeps the two the same); JSON and the merge come from that table.
+    """
 
     policy: str
     settings: dict[str, Any] = field(default_factory=dict)
@@ -126,38 +137,20 @@ class GateConfig:
 
     def to_json(self) -> str:
         return json.dumps(
-            {
-                "policy": self.policy,
-                "settings": self.settings,
-                "status_dir": self.status_dir,
-                "draft_sync": self.draft_sync,
-                "plain_step": self.plain_step,
-                "lazy_max_mib": self.lazy_max_mib,
-                "shadow": self.shadow,
-                "plain_graphs": self.plain_graphs,
-            },
-            sort_keys=True,
+            {o.key: getattr(self, o.key) for o in config_options()}, sort_keys=True
         )
 
     @classmethod
     def from_json(cls, text: str) -> GateConfig:
+        """The configuration a launcher wrote with :meth:`to_json`; each value
+        is read by its option's parser again (a field it lacks: the default)."""
         try:
             data = json.loads(text)
-            return cls(
-                policy=str(data["policy"]),
-                settings=dict(data.get("settings") or {}),
-                status_dir=data.get("status_dir"),
-                draft_sync=data.get("draft_sync", DEFAULT_DRAFT_SYNC),
-                plain_step=bool(data.get("plain_step", True)),
-                lazy_max_mib=int(data.get("lazy_max_mib", DEFAULT_LAZY_MAX_MIB)),
-                shadow=bool(data.get("shadow", False)),
-                plain_graphs=_choice(
-                    "plain_graphs",
-                    data.get("plain_graphs"),
-                    PLAIN_GRAPHS_CHOICES,
-                    DEFAULT_PLAIN_GRAPHS,
-                ),
-            )
+            values = {"policy": str(data["policy"])}
+            for o in config_options():
+                if o.key != "policy" and given(data.get(o.key)):
+                    values[o.key] = o.parse(data[o.key])
+            return cls(**values)
         except ConfigError:
             raise
         except (ValueError, KeyError, TypeError) as exc:
@@ -169,7 +162,9 @@ class GateConfig:
         try:
             return factory.create(**self.settings)
         except SettingsError as exc:
-            raise ConfigError(f"policy {self.policy!r}: {exc}") from exc
+            raise ConfigError(
+                f"policy {self.policy!r}: {exc}", field="settings"
+            ) from exc
 
 
 def parse_assignments(items: Sequence[str], source: str) -> dict[str, str]:
@@ -181,191 +176,274 @@ def parse_assignments(items: Sequence[str], source: str) -> dict[str, str]:
         if not sep or not key:
             raise ConfigError(
                 f"{source}: {item!r} is not a KEY=VALUE assignment "
-                "(example: plain_above=16)"
+                "(example: plain_above=16)",
+                field="settings",
             )
         out[key] = value.strip()
     return out
 
 
-def _split_env_set(text: str) -> list[str]:
+def split_env_set(text: str) -> list[str]:
+    """The ``KEY=VALUE`` items of ``EAGLE_GATE_SET`` (separated by , or ;)."""
     return [part for part in text.replace(";", ",").split(",") if part.strip()]
 
 
-def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a TOML config file, naming the file (and line) on any problem."""
+def load_config_file(
+    path: str | os.PathLike[str], origin: Origin | None = None
+) -> dict[str, Any]:
+    """Read a TOML config file, naming the file (and line) on any problem.
+
+    ``origin``: where the path came from, blamed when the file cannot be read;
+    a problem inside the file is blamed on the file.
+    """
     p = Path(path)
+    named = origin or Origin("file", str(p))
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"config file {str(p)!r} does not exist") from None
+        raise ConfigError(
+            f"config file {str(p)!r} does not exist", field="config", origin=named
+        ) from None
     except OSError as exc:
-        raise ConfigError(f"config file {str(p)!r} cannot be read: {exc}") from None
+        raise ConfigError(
+            f"config file {str(p)!r} cannot be read: {exc}",
+            field="config",
+            origin=named,
+        ) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"config file {str(p)!r} is not UTF-8 text (byte {exc.start}); TOML "
-            "files are UTF-8"
+            "files are UTF-8",
+            field="config",
+            origin=Origin("file", str(p)),
         ) from None
     except tomllib.TOMLDecodeError as exc:
         # tomllib's message ends with "(at line L, column C)".
-        raise ConfigError(f"config file {str(p)!r} does not parse: {exc}") from None
-    unknown = sorted(set(data) - _FILE_KEYS)
+        raise ConfigError(
+            f"config file {str(p)!r} does not parse: {exc}",
+            field="config",
+            origin=Origin("file", str(p)),
+        ) from None
+    allowed = file_keys()
+    unknown = sorted(set(data) - allowed)
     if unknown:
         raise ConfigError(
             f"config file {str(p)!r}: unknown key {unknown[0]!r}; "
-            f"allowed: {', '.join(sorted(_FILE_KEYS))}"
+            f"allowed: {', '.join(sorted(allowed))}",
+            field="config",
+            origin=Origin("file", str(p)),
         )
-    if "policy" in data and not isinstance(data["policy"], str):
-        raise ConfigError(
-            f"config file {str(p)!r}: 'policy' must be a string, got {data['policy']!r}"
-        )
-    if "settings" in data and not isinstance(data["settings"], dict):
-        raise ConfigError(
-            f"config file {str(p)!r}: [settings] must be a table of KEY = VALUE"
-        )
-    if "status_dir" in data and (
-        not isinstance(data["status_dir"], str) or not data["status_dir"]
-    ):
-        raise ConfigError(
-            f"config file {str(p)!r}: 'status_dir' must be a path, got "
-            f"{data['status_dir']!r}"
-        )
+    for o in config_options():
+        if o.file_check and o.key in data and not o.file_value_ok(data[o.key]):
+            what = (
+                f"[{o.key}] {o.file_check}"
+                if o.kind == "table"
+                else f"{o.key!r} {o.file_check}, got {data[o.key]!r}"
+            )
+            raise ConfigError(
+                f"config file {str(p)!r}: {what}",
+                field=o.key,
+                origin=_file_origin(o, str(p)),
+            )
     return data
 
 
+def _file_origin(o: Option, path: str) -> Origin:
+    shown = f"[{o.key}]" if o.kind == "table" else o.key
+    return Origin("file", f"{shown} in {path}")
+
+
+def _pick(
+    o: Option, cli: Mapping[str, Any], env: Mapping[str, str], file_data, path
+) -> tuple[Any, Origin]:
+    """The value of ``o`` by precedence (cli, env, file), and where it came
+    from; ``(None, default)`` when no source gives one."""
+    if given(cli.get(o.key)):
+        return cli[o.key], Origin("cli", o.flag)
+    if given(env.get(o.env)):
+        return env[o.env], Origin("env", o.env)
+    if given(file_data.get(o.key)):
+        return file_data[o.key], _file_origin(o, path)
+    return None, Origin("default")
+
+
+def config_file_source(
+    cli: Mapping[str, Any], env: Mapping[str, str]
+) -> tuple[str | None, Origin]:
+    """The config file's path by precedence (``--gate-config``, then
+    ``EAGLE_GATE_CONFIG``), and where it came from; None when neither names one."""
+    o = option("config")
+    path, origin = _pick(o, cli, env, {}, None)
+    if path is None:
+        return None, Origin("default", "no config file")
+    return str(path), origin
+
+
+def _cli(cli: Mapping[str, Any] | None, keywords: Mapping[str, Any]) -> dict:
+    """The command line's values by option key, from ``cli`` and the older
+    keywords; TypeError for a key no option has (a typo would else be lost)."""
+    out = dict(cli or {})
+    unknown = sorted(set(out) - {o.key for o in OPTIONS})
+    if unknown:
+        raise TypeError(f"resolve_config(): no gate option {unknown[0]!r}")
+    out.update(from_keywords(keywords))
+    return out
+
+
 def resolve_config(
+    cli: Mapping[str, Any] | None = None,
     *,
-    cli_policy: str | None = None,
-    cli_sets: Sequence[str] = (),
-    cli_config: str | None = None,
-    cli_status_dir: str | None = None,
-    cli_draft_sync: str | None = None,
-    cli_plain_step: str | None = None,
-    cli_lazy_max_mib: str | None = None,
-    cli_shadow: str | None = None,
-    cli_plain_graphs: str | None = None,
     environ: Mapping[str, str] | None = None,
+    **keywords: Any,
 ) -> GateConfig:
     """Merge all sources by precedence and validate the result completely.
 
-    Validation includes constructing the policy once, so cross-setting checks
-    in a policy's constructor also fail here, before any model loads.
+    ``cli``: what the command line gave, by option key (``options.cli_values``
+    of the parsed ``--gate-*`` flags); the older keywords (``cli_policy=``,
+    ``cli_sets=``, ...) are taken too. Validation includes constructing the
+    policy once, so cross-setting checks in a policy's constructor also fail
+    here, before any model loads. A ConfigError names the setting at fault
+    (``field``) and where its value came from (``origin``) where it can.
     """
+    return resolve_config_with_origins(cli, environ=environ, **keywords)[0]
+
+
+def resolve_config_with_origins(
+    cli: Mapping[str, Any] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    **keywords: Any,
+) -> tuple[GateConfig, dict[str, Origin]]:
+    """:func:`resolve_config`, and where each value came from: by field
+    (``"policy"``, ``"status_dir"``, ...), ``"config"`` for the config file,
+    and ``"settings.KEY"`` for each of the policy's settings."""
+    cli = _cli(cli, keywords)
     env = os.environ if environ is None else environ
-    config_path = cli_config or env.get(ENV_CONFIG) or None
-    file_data = load_config_file(config_path) if config_path else {}
+    config_path, path_origin = config_file_source(cli, env)
+    file_data = load_config_file(config_path, path_origin) if config_path else {}
+    origins: dict[str, Origin] = {"config": path_origin}
 
-    policy = cli_policy or env.get(ENV_POLICY) or file_data.get("policy")
-    policy = policy or DEFAULT_POLICY
-    status_dir = (
-        cli_status_dir or env.get(ENV_STATUS_DIR) or file_data.get("status_dir")
-    )
-
-    draft_sync = _choice(
-        "draft_sync",
-        cli_draft_sync or env.get(ENV_DRAFT_SYNC) or file_data.get("draft_sync"),
-        DRAFT_SYNC_CHOICES,
-        DEFAULT_DRAFT_SYNC,
-    )
-    plain_step = _switch(
-        "plain_step",
-        cli_plain_step if cli_plain_step is not None else env.get(ENV_PLAIN_STEP),
-        file_data.get("plain_step", True),
-    )
-
-    plain_graphs = _choice(
-        "plain_graphs",
-        cli_plain_graphs or env.get(ENV_PLAIN_GRAPHS) or file_data.get("plain_graphs"),
-        PLAIN_GRAPHS_CHOICES,
-        DEFAULT_PLAIN_GRAPHS,
-    )
-    if plain_graphs == "on" and not plain_step:
+    values: dict[str, Any] = {}
+    for o in config_options():
+        if o.key == "settings":
+            continue
+        raw, origins[o.key] = _pick(o, cli, env, file_data, config_path)
+        try:
+            values[o.key] = o.default if raw is None else o.parse(raw)
+        except ConfigError as exc:
+            raise blame(exc, o.key, origins[o.key]) from None
+    if values["plain_graphs"] == "on" and not values["plain_step"]:
         raise ConfigError(
             "plain_graphs: 'on' needs the plain step, but plain_step is off; "
             "with --gate-plain-step off no plain step runs, so there is nothing "
-            "to capture (use --gate-plain-graphs auto or off)"
+            "to capture (use --gate-plain-graphs auto or off)",
+            field="plain_graphs",
+            origin=origins["plain_graphs"],
         )
 
-    shadow = _switch(
-        "shadow",
-        cli_shadow if cli_shadow is not None else env.get(ENV_SHADOW),
-        file_data.get("shadow", False),
-    )
-
-    lazy_max_mib = _positive_int(
-        "lazy_max_mib",
-        cli_lazy_max_mib or env.get(ENV_LAZY_MAX_MIB) or file_data.get("lazy_max_mib"),
-        DEFAULT_LAZY_MAX_MIB,
-    )
-
-    raw: dict[str, Any] = dict(file_data.get("settings", {}))
-    raw.update(parse_assignments(_split_env_set(env.get(ENV_SET, "")), ENV_SET))
-    raw.update(parse_assignments(cli_sets, "--gate-set"))
-
+    raw_settings, setting_origins = _raw_settings(cli, env, file_data, config_path)
+    policy = values["policy"]
     where = f" (config file {config_path!r})" if config_path else ""
-    try:
-        factory = get_policy_factory(policy)
-        values = validate_settings(policy, factory.settings, raw)
-    except (LookupError, SettingsError) as exc:
-        raise ConfigError(f"{exc.args[0]}{where}") from None
-    except Exception as exc:  # a broken plugin (PluginError) or worse
-        raise ConfigError(f"policy {policy!r} is not available: {exc}") from None
-    config = GateConfig(
-        policy=policy,
-        settings=values,
-        status_dir=status_dir,
-        draft_sync=draft_sync,
-        plain_step=plain_step,
-        lazy_max_mib=lazy_max_mib,
-        shadow=shadow,
-        plain_graphs=plain_graphs,
+    values["settings"] = _policy_settings(
+        policy, raw_settings, setting_origins, origins["policy"], where
     )
+    for key in values["settings"]:
+        origins[f"settings.{key}"] = setting_origins.get(key, Origin("default"))
+    config = GateConfig(**values)
     try:
         config.create_policy()
     except ConfigError:
         raise
     except Exception as exc:  # the constructor refused, however it says so
         raise ConfigError(
-            f"policy {policy!r} cannot be built with {values}: {exc}{where}"
+            f"policy {policy!r} cannot be built with {values['settings']}: "
+            f"{exc}{where}",
+            field="settings",
         ) from None
-    return config
+    return config, origins
 
 
-def _choice(name: str, value: Any, choices: tuple[str, ...], default: str) -> str:
-    if value is None or value == "":
-        return default
-    if value not in choices:
+def _policy_settings(
+    policy: str,
+    raw: Mapping[str, Any],
+    origins: Mapping[str, Origin],
+    policy_origin: Origin,
+    where: str,
+) -> dict[str, Any]:
+    """The policy's settings, validated by its schema. They are validated one
+    key at a time first, in ``validate_settings``' own order, so that a
+    refusal says which key's value (and so which source) is at fault."""
+    try:
+        factory = get_policy_factory(policy)
+    except LookupError as exc:
         raise ConfigError(
-            f"{name}: value {value!r} is not allowed; expected one of "
-            + ", ".join(repr(c) for c in choices)
-        )
-    return value
+            f"{exc.args[0]}{where}", field="policy", origin=policy_origin
+        ) from None
+    except Exception as exc:  # a broken plugin (PluginError) or worse
+        raise ConfigError(f"policy {policy!r} is not available: {exc}") from None
+    schema = factory.settings
+    try:
+        for key in [*sorted(set(raw) - set(schema)), *raw]:
+            try:
+                validate_settings(policy, schema, {key: raw[key]})
+            except SettingsError as exc:
+                raise ConfigError(
+                    f"{exc.args[0]}{where}", field="settings", origin=origins[key]
+                ) from None
+        return validate_settings(policy, schema, raw)
+    except ConfigError:
+        raise
+    except Exception as exc:  # a plugin's schema that cannot be used
+        raise ConfigError(f"policy {policy!r} is not available: {exc}") from None
 
 
-def _positive_int(name: str, value: Any, default: int) -> int:
-    if value is None or value == "":
-        return default
-    if not isinstance(value, bool):
-        try:
-            number = int(str(value).strip(), 10)
-        except ValueError:
-            number = 0
-        if number >= 1:
-            return number
-    raise ConfigError(
-        f"{name}: value {value!r} is not allowed; expected an integer >= 1"
+def _raw_settings(
+    cli: Mapping[str, Any], env: Mapping[str, str], file_data, path
+) -> tuple[dict[str, Any], dict[str, Origin]]:
+    """The policy settings before validation, merged key by key (the command
+    line over the environment over the file), and where each came from."""
+    o = option("settings")
+    raw: dict[str, Any] = dict(file_data.get(o.key, {}))
+    origins = {key: Origin("file", f"[{o.key}] {key} in {path}") for key in raw}
+    sources = (
+        ("env", o.env, split_env_set(env.get(o.env, "")), "{key} in {where}"),
+        ("cli", o.flag, list(cli.get(o.key) or ()), "{where} {key}=..."),
     )
+    for source, where, items, shown in sources:
+        try:
+            given_here = parse_assignments(items, where)
+        except ConfigError as exc:
+            raise blame(exc, o.key, Origin(source, where)) from None
+        raw.update(given_here)
+        for key in given_here:
+            origins[key] = Origin(source, shown.format(key=key, where=where))
+    return raw, origins
 
 
-def _switch(name: str, value: Any, fallback: Any) -> bool:
-    raw = fallback if value is None or value == "" else value
-    if isinstance(raw, bool):
-        return raw
-    text = str(raw).strip().lower()
-    if text in {"on", "true", "1", "yes"}:
-        return True
-    if text in {"off", "false", "0", "no"}:
-        return False
-    raise ConfigError(f"{name}: value {raw!r} is not allowed; expected on or off")
+def unvalidated(
+    cli: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Each gate-wide field's value by the same precedence, read leniently: a
+    field no source gives has its default, a value its option refuses is None,
+    and a config file that cannot be read counts as none. For a report that
+    goes on after :func:`resolve_config` refused (doctor's later rows)."""
+    cli = _cli(cli, {})
+    env = os.environ if environ is None else environ
+    path, origin = config_file_source(cli, env)
+    try:
+        file_data = load_config_file(path, origin) if path else {}
+    except ConfigError:
+        file_data = {}
+    out: dict[str, Any] = {}
+    for o in config_options():
+        if o.key == "settings":
+            continue  # merged key by key and validated by the policy
+        raw, _ = _pick(o, cli, env, file_data, path)
+        try:
+            out[o.key] = o.default if raw is None else o.parse(raw)
+        except ConfigError:
+            out[o.key] = None
+    return out
 
 
 def gate_requested(environ: Mapping[str, str] | None = None) -> bool:

@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from eagle_gate import adapters
+from eagle_gate import adapters, options
 from eagle_gate.adapters.resolved import requested_flags
 from eagle_gate.config import ENV_RESOLVED, ConfigError, GateConfig, resolve_config
 from eagle_gate.ops import check_environment
@@ -27,87 +27,12 @@ logger = logging.getLogger("eagle_gate")
 PROG = "python -m eagle_gate.launch"
 
 
-def add_gate_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup):
-    parser.add_argument(
-        "--gate-policy",
-        metavar="NAME",
-        help="policy deciding SPEC or PLAIN per decode batch (env EAGLE_GATE_POLICY;"
-        " default: goodput). Built-ins: always, never, threshold, goodput; plugins "
-        "add more",
-    )
-    parser.add_argument(
-        "--gate-set",
-        metavar="KEY=VALUE",
-        action="append",
-        default=[],
-        help="a policy setting, repeatable (env EAGLE_GATE_SET='k=v,k2=v2')",
-    )
-    parser.add_argument(
-        "--gate-config",
-        metavar="FILE.toml",
-        help="TOML file with policy, [settings] and status_dir (env EAGLE_GATE_CONFIG)",
-    )
-    parser.add_argument(
-        "--gate-status-dir",
-        metavar="DIR",
-        help="where each scheduler process writes its gate status "
-        "(env EAGLE_GATE_STATUS_DIR; created with mode 0700, or an existing "
-        "private directory of yours; default a fresh private "
-        "$TMPDIR/eagle_gate-<server pid>-XXXXXXXX). Files of a previous run "
-        "there are removed at launch",
-    )
-    parser.add_argument(
-        "--gate-draft-sync",
-        choices=("eager", "lazy", "none"),
-        help="how a PLAIN step keeps the EAGLE draft model's state: eager (a "
-        "draft extend per plain step, exact resume), lazy (buffer the target's "
-        "hidden states, catch the draft up when SPEC resumes) or none (cold "
-        "recovery) (env EAGLE_GATE_DRAFT_SYNC; default eager)",
-    )
-    parser.add_argument(
-        "--gate-lazy-max-mib",
-        metavar="N",
-        help="memory bound of the lazy draft-sync buffer per scheduler process; "
-        "a launch whose buffer would exceed it is refused "
-        "(env EAGLE_GATE_LAZY_MAX_MIB; default 2048)",
-    )
-    parser.add_argument(
-        "--gate-plain-step",
-        choices=("on", "off"),
-        help="off: PLAIN decisions run SGLang's speculative step and are counted "
-        "as overrides (env EAGLE_GATE_PLAIN_STEP; default on)",
-    )
-    parser.add_argument(
-        "--gate-plain-graphs",
-        choices=("auto", "on", "off"),
-        help="DECODE CUDA graphs for the plain step: auto (capture at start when "
-        "possible, else run plain steps eagerly), on (refuse the launch when they "
-        "cannot be captured), off (always eager) (env EAGLE_GATE_PLAIN_GRAPHS; "
-        "default auto)",
-    )
-    parser.add_argument(
-        "--gate-shadow",
-        nargs="?",
-        const="on",
-        choices=("on", "off"),
-        help="shadow mode: the policy decides and observes as usual, but every "
-        "step runs SGLang's stock speculative step; status, metrics and the "
-        "decision log say what it would have run (env EAGLE_GATE_SHADOW; "
-        "default off; switch at runtime with POST /eagle_gate/policy "
-        '{"shadow": false})',
-    )
-    parser.add_argument(
-        "--gate-decision-log",
-        metavar="DIR",
-        help="opt in to a rate-limited JSON-lines log of decisions and outcomes, "
-        "one file per scheduler process in DIR (env EAGLE_GATE_DECISION_LOG)",
-    )
-    parser.add_argument(
-        "--gate-allow-untested-sglang",
-        action="store_true",
-        help="try the nearest adapter on an unsupported SGLang version, after "
-        "checking every patch target (env EAGLE_GATE_ALLOW_UNTESTED_SGLANG=1)",
-    )
+def add_gate_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+) -> None:
+    """The gate's ``--gate-*`` flags, from the one table of them
+    (:data:`eagle_gate.options.OPTIONS`)."""
+    options.add_arguments(parser)
 
 
 def split_argv(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -146,40 +71,29 @@ def prepare(argv: Sequence[str], environ: dict | None = None):
     """
     env = os.environ if environ is None else environ
     gate_args, rest = split_argv(argv)
-    allow = gate_args.gate_allow_untested_sglang or (
-        env.get(adapters.ENV_ALLOW_UNTESTED, "") == "1"
-    )
+    cli = options.cli_values(gate_args)
+    allow_untested = options.option("allow_untested_sglang")
+    allow = cli["allow_untested_sglang"] or env.get(allow_untested.env, "") == "1"
     adapter = adapters.select_adapter(allow_untested=allow)
     if allow:
-        env[adapters.ENV_ALLOW_UNTESTED] = "1"
-    config = resolve_config(
-        cli_policy=gate_args.gate_policy,
-        cli_sets=gate_args.gate_set,
-        cli_config=gate_args.gate_config,
-        cli_status_dir=gate_args.gate_status_dir,
-        cli_draft_sync=gate_args.gate_draft_sync,
-        cli_plain_step=gate_args.gate_plain_step,
-        cli_lazy_max_mib=gate_args.gate_lazy_max_mib,
-        cli_shadow=gate_args.gate_shadow,
-        cli_plain_graphs=gate_args.gate_plain_graphs,
-        environ=env,
-    )
+        env[allow_untested.env] = "1"
+    config = resolve_config(cli, environ=env)
     check_environment(env)
     env[ENV_RESOLVED] = config.to_json()
-    if gate_args.gate_decision_log:
-        from eagle_gate.decision_log import ENV_DECISION_LOG
-
-        env[ENV_DECISION_LOG] = os.path.abspath(gate_args.gate_decision_log)
-    # Not a judgement: 0.5.9 resolves its arguments (and chooses its worker)
-    # from this variable, so it must be set before SGLang parses anything.
-    flags = requested_flags(rest)
-    if adapter.NAME == "sglang-0.5.9" and flags.speculative_algorithm:
-        if env.get("SGLANG_ENABLE_SPEC_V2") != "1":
+    if cli["decision_log"]:
+        env[options.option("decision_log").env] = os.path.abspath(cli["decision_log"])
+    # Not a judgement: a version may resolve its arguments (0.5.9: and choose
+    # its worker) from variables that must be set before SGLang parses anything.
+    for key, value in adapter.launch_environment(requested_flags(rest)).items():
+        if env.get(key) != value:
             logger.info(
-                "eagle_gate: speculation requested on SGLang 0.5.9: setting "
-                "SGLANG_ENABLE_SPEC_V2=1 (the gate patches the spec-v2 worker)"
+                "eagle_gate: speculation requested on SGLang %s: setting %s=%s "
+                "(the gate patches the worker this selects)",
+                adapter.SGLANG_VERSIONS[0],
+                key,
+                value,
             )
-            env["SGLANG_ENABLE_SPEC_V2"] = "1"
+            env[key] = value
     plugins = env.get("SGLANG_PLUGINS")
     if plugins and "eagle_gate" not in [p.strip() for p in plugins.split(",")]:
         logger.info("eagle_gate: adding eagle_gate to SGLANG_PLUGINS=%s", plugins)
@@ -201,11 +115,12 @@ def check_resolved(
     spec = adapter.resolve_spec(server_args, requested_flags(sglang_argv))
     if spec.speculating:
         logger.info("eagle_gate: SGLang resolved speculation: %s", spec.describe())
-    return adapter.check_spec(spec, draft_sync=_draft_sync(config))
+    return adapter.check_spec(spec, draft_sync=plain_draft_sync(config))
 
 
-def _draft_sync(config: GateConfig) -> str | None:
-    """The draft sync the plain step will use (None: no plain step)."""
+def plain_draft_sync(config: GateConfig) -> str | None:
+    """The draft sync the plain step will use (None: no plain step), as the
+    refusals judge it (the launcher here, ``eagle-gate doctor`` too)."""
     return config.draft_sync if config.plain_step else None
 
 
@@ -222,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         try:
             adapters.select_adapter(
-                allow_untested="--gate-allow-untested-sglang" in argv
+                allow_untested=options.option("allow_untested_sglang").flag in argv
             )
             available = True
         except adapters.UnsupportedSGLang:
@@ -238,8 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(adapter, config: GateConfig, sglang_argv: list[str]) -> int:
     adapter._instrument()
-    if hasattr(adapter, "load_sglang_plugins"):
-        adapter.load_sglang_plugins()
+    adapter.load_sglang_plugins()  # a no-op where SGLang has no plugin loader
     from sglang.srt.server_args import prepare_server_args
 
     server_args = prepare_server_args(sglang_argv)

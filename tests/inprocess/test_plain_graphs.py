@@ -35,7 +35,7 @@ from eagle_gate.adapters.plain.tensors import swap_attrs
 from eagle_gate.adapters.refusals import GateRefused
 from eagle_gate.config import ConfigError, GateConfig, resolve_config
 from eagle_gate.counters import PLAIN_EAGER_REASONS
-from eagle_gate.doctor import _FIELDS
+from eagle_gate.options import option
 from eagle_gate.policy import Mode
 from eagle_gate.runtime import GateRuntime
 
@@ -130,7 +130,11 @@ def test_launcher_flag_and_doctor_field():
     launch.add_gate_arguments(parser)
     args, _ = parser.parse_known_args(["--gate-plain-graphs", "off"])
     assert args.gate_plain_graphs == "off"
-    assert _FIELDS["plain_graphs"] == ("gate_plain_graphs", "EAGLE_GATE_PLAIN_GRAPHS")
+    plain_graphs = option("plain_graphs")  # doctor's row comes from this table
+    assert (plain_graphs.dest, plain_graphs.env) == (
+        "gate_plain_graphs",
+        "EAGLE_GATE_PLAIN_GRAPHS",
+    )
 
 
 # -- where graphs stay off ------------------------------------------------------

@@ -6,7 +6,6 @@ one subprocess run of the console script."""
 from __future__ import annotations
 
 import importlib
-import inspect
 import json
 import os
 import subprocess
@@ -139,11 +138,26 @@ def test_settings_report_their_source(capsys, tmp_path, monkeypatch):
         assert checks[name]["source"] == source
 
 
-def test_doctor_passes_every_flag_the_config_module_takes():
-    from eagle_gate.doctor import build_parser, resolve_arguments
+def test_doctor_takes_every_gate_flag_the_launcher_takes():
+    """Both parsers get their flags from the one table, and what doctor's
+    parses is what resolve_config takes."""
+    import argparse
 
-    wanted = {p for p in inspect.signature(resolve_config).parameters if "cli_" in p}
-    assert set(resolve_arguments(build_parser().parse_args([]))) == wanted
+    from eagle_gate.doctor import build_parser
+    from eagle_gate.launch import add_gate_arguments, split_argv
+    from eagle_gate.options import OPTIONS, cli_values
+
+    doctor_flags = {a.dest for a in build_parser()._actions} - {"help", "json"}
+    launcher = argparse.ArgumentParser()
+    add_gate_arguments(launcher)
+    assert doctor_flags == {a.dest for a in launcher._actions} - {"help"}
+    assert doctor_flags == {o.dest for o in OPTIONS}
+    args = build_parser().parse_args(["--gate-policy", "never", "--gate-shadow"])
+    assert cli_values(args) == cli_values(
+        split_argv(["--gate-policy", "never", "--gate-shadow"])[0]
+    )
+    config = resolve_config(cli_values(args), environ={})
+    assert (config.policy, config.shadow) == ("never", True)
 
 
 def test_an_unsupported_sglang_names_the_supported_ones(capsys, monkeypatch):
