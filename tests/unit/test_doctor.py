@@ -263,6 +263,49 @@ def test_an_invalid_setting_from_a_config_file(capsys, tmp_path, text, key):
     assert check["fix"].startswith(f"correct or remove {key}{name} in {path}")
 
 
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("policy", "fastest"),
+        ("draft_sync", "sometimes"),
+        ("lazy_max_mib", "0"),
+        ("plain_step", "maybe"),
+        ("plain_graphs", "cuda"),
+        ("shadow", "sometimes"),
+    ],
+)
+def test_each_refused_gate_setting_is_blamed_on_its_variable(
+    capsys, monkeypatch, key, value
+):
+    """The origin comes from the ConfigError (its field and origin), for
+    every gate-wide setting the table declares."""
+    from eagle_gate.options import option
+
+    o = option(key)
+    monkeypatch.setenv(o.env, value)
+    with pytest.raises(ConfigError) as own:
+        resolve_config(environ=dict(os.environ))
+    assert own.value.field == key
+    code, report = doctor(capsys)
+    assert code == 1
+    check = failed(report)["settings"]
+    assert check["detail"] == f"{own.value} (from env: {o.env})"
+    assert check["source"] == "env"
+    assert check["fix"].startswith(f"correct or remove {o.env};")
+
+
+def test_the_rows_after_a_refused_setting_still_run(capsys, tmp_path, monkeypatch):
+    """Settings refused: the status directory is still judged, as given."""
+    shared = tmp_path / "status"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("EAGLE_GATE_DRAFT_SYNC", "sometimes")
+    code, report = doctor(capsys, "--gate-status-dir", str(shared))
+    assert code == 1
+    assert set(failed(report)) == {"settings", "status directory"}
+    assert failed(report)["status directory"]["fix"] == f"chmod 700 {shared}"
+
+
 def test_a_missing_config_file_is_blamed_on_whoever_named_it(
     capsys, tmp_path, monkeypatch
 ):
