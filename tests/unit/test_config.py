@@ -400,3 +400,12 @@ def test_resolve_config_takes_one_mapping_of_the_command_line():
         resolve_config({"polcy": "never"}, environ={})
     with pytest.raises(TypeError, match="cli_polcy"):
         resolve_config(environ={}, cli_polcy="never")
+
+
+@pytest.mark.parametrize("line", ["lazy_max_mib = 0", "draft_sync = false"])
+def test_a_files_falsy_value_is_refused_not_taken_for_the_default(tmp_path, line):
+    """Every source is validated alike: a file's 0 or false is a value."""
+    path = write(tmp_path, line + "\n")
+    with pytest.raises(ConfigError) as err:
+        resolve_config(environ={ENV: path})
+    assert err.value.field == line.split()[0]
