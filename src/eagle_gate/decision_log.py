@@ -52,9 +52,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from eagle_gate.options import option
+
 __all__ = ["DecisionLog", "ENV_DECISION_LOG", "ENV_DECISION_LOG_RATE"]
 
-ENV_DECISION_LOG = "EAGLE_GATE_DECISION_LOG"
+#: declared with its flag, --gate-decision-log, in eagle_gate.options
+ENV_DECISION_LOG = option("decision_log").env
 ENV_DECISION_LOG_RATE = "EAGLE_GATE_DECISION_LOG_RATE"
 FORMAT_VERSION = 1
 

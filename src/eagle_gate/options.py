@@ -24,7 +24,7 @@ launcher import it, and it imports nothing of theirs.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -426,8 +426,3 @@ def from_keywords(keywords: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise TypeError(f"resolve_config() got an unexpected keyword {unknown[0]!r}")
     return {by_keyword[k]: v for k, v in keywords.items()}
-
-
-def env_names(options: Iterable[Option] = OPTIONS) -> dict[str, str]:
-    """Each option's environment variable, by key."""
-    return {o.key: o.env for o in options}
