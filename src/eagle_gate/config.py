@@ -2,16 +2,9 @@
 
 Sources, highest precedence first:
 
-1. command line: ``--gate-policy NAME``, ``--gate-set KEY=VALUE`` (repeatable),
-   ``--gate-config FILE.toml``, ``--gate-status-dir DIR``,
-   ``--gate-draft-sync eager|lazy|none``, ``--gate-plain-step on|off``,
-   ``--gate-lazy-max-mib N``, ``--gate-shadow``,
-   ``--gate-plain-graphs auto|on|off``;
-2. environment: ``EAGLE_GATE_POLICY``, ``EAGLE_GATE_SET`` ("k=v,k2=v2"),
-   ``EAGLE_GATE_CONFIG``, ``EAGLE_GATE_STATUS_DIR``, ``EAGLE_GATE_DRAFT_SYNC``,
-   ``EAGLE_GATE_PLAIN_STEP``, ``EAGLE_GATE_LAZY_MAX_MIB``,
-   ``EAGLE_GATE_SHADOW`` (on/off), ``EAGLE_GATE_PLAIN_GRAPHS``;
-3. the TOML config file (from 1 or 2)::
+1. the command line (``--gate-policy NAME``, ``--gate-set KEY=VALUE``, ...);
+2. the environment (``EAGLE_GATE_POLICY``, ``EAGLE_GATE_SET="k=v,k2=v2"``, ...);
+3. the TOML config file (``--gate-config`` or ``EAGLE_GATE_CONFIG``)::
 
        policy = "threshold"
        status_dir = "/run/eagle_gate"
@@ -23,13 +16,16 @@ Sources, highest precedence first:
        [settings]
        plain_above = 16
 
-4. the policy's own defaults (default policy: ``goodput``).
+4. the defaults (default policy: ``goodput``; the policy's own settings).
 
-Settings merge key by key: a key given on the command line overrides the same
-key from the environment, which overrides the file. The launcher resolves and
-validates everything once, before any model loads, and hands the result to
-SGLang's processes in ``EAGLE_GATE_RESOLVED`` (JSON), so every process runs
-exactly the configuration that was validated.
+Every setting's flag, variable, file key, kind and default is declared once,
+in :mod:`eagle_gate.options`; the merge here walks that table, so a setting
+added there is read from every source, carried in JSON and shown by doctor.
+Policy settings merge key by key: a key given on the command line overrides
+the same key from the environment, which overrides the file. The launcher
+resolves and validates everything once, before any model loads, and hands the
+result to SGLang's processes in ``EAGLE_GATE_RESOLVED`` (JSON), so every
+process runs exactly the configuration that was validated.
 """
 
 from __future__ import annotations
@@ -85,9 +81,7 @@ __all__ = [
     "gate_requested",
     "split_env_set",
     "unvalidated",
-]
-
-__all__ += [  # declared in eagle_gate.options, importable from here as before
+    # declared in eagle_gate.options, importable from here as they always were
     "DEFAULT_DRAFT_SYNC",
     "DEFAULT_LAZY_MAX_MIB",
     "DEFAULT_PLAIN_GRAPHS",
@@ -95,6 +89,7 @@ __all__ += [  # declared in eagle_gate.options, importable from here as before
     "PLAIN_GRAPHS_CHOICES",
 ]
 
+#: each setting's variable, as other modules and tests have always named it
 ENV_POLICY = option("policy").env
 ENV_SET = option("settings").env
 ENV_CONFIG = option("config").env
