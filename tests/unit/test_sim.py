@@ -157,6 +157,7 @@ def test_profile_files(tmp_path):
         load_profile_file(bad)
 
 
+@pytest.mark.slow  # a whole --quick simulator run: about 7 s on an idle core
 def test_cli_quick(tmp_path, capsys):
     rc = sim_main(
         [
@@ -295,6 +296,7 @@ def test_close_workload_reports_unknown_intervals():
     assert 0.25 <= sum(seen) / len(seen) < 0.5
 
 
+@pytest.mark.slow  # a whole --quick simulator run: about 7 s on an idle core
 def test_cli_close_workload(tmp_path, capsys):
     rc = sim_main(
         [
