@@ -16,6 +16,8 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+from eagle_gate.policy import Mode
+
 __all__ = [
     "GateCounters",
     "DecisionRing",
@@ -107,8 +109,7 @@ class GateCounters:
         self.tick_errors = 0
         #: failures of the gate's own logic (the step ran SGLang's stock path).
         self.internal_errors = 0
-        # dwell: runs of one mode that ran, in resolved order (counted by
-        # GateRuntime.observe, on the hot path)
+        # dwell: runs of one mode that ran, in resolved order (count_outcome)
         #: the mode the last resolved decode step ran (a Mode), or None.
         self.current_mode: Any = None
         self.dwell_len = 0
@@ -148,6 +149,48 @@ class GateCounters:
         catch-up) ran on ``path``: "graph" when SGLang replays its own
         draft-extend CUDA graph, "eager" when it runs the draft eagerly."""
         self.draft_extend_path[path] = self.draft_extend_path.get(path, 0) + 1
+
+    def count_outcome(
+        self, mode: Mode, accept_lens: Any, tokens: int, draft_matches: int | None
+    ) -> int | None:
+        """Count one valid outcome (``GateRuntime.observe``, checked against
+        the contract) and its dwell; returns ``draft_matches`` to pass on.
+
+        ``draft_matches`` (PLAIN steps with eager draft sync, see
+        ``StepOutcome.draft_matches``) is counted beside the SPEC steps' own
+        first-position acceptance, so the status shows both sides of the same
+        estimate; out of range or on a SPEC step it is an invalid outcome and
+        dropped (None). The dwell: runs of one mode that ran, in resolved
+        order; a finished one goes to the bounded deque the metrics exporter
+        drains. One method, not two: this is the hot path."""
+        b = len(accept_lens)
+        self.steps_by_mode[mode] += 1
+        self.tokens_by_mode[mode] += tokens
+        self.request_steps_by_mode[mode] += b
+        if draft_matches is not None:
+            if mode is Mode.PLAIN and 0 <= draft_matches <= b:
+                self.plain_draft_matches += draft_matches
+                self.plain_draft_samples += b
+            else:
+                self.invalid_outcomes += 1
+                draft_matches = None
+        elif mode is Mode.SPEC:
+            # requests whose first draft token was accepted, counted in C (a
+            # sequence without .count, from a third-party adapter, is skipped)
+            try:
+                self.spec_first_accepts += b - accept_lens.count(1)
+                self.spec_first_samples += b
+            except AttributeError:
+                pass
+        # the dwell
+        if mode is self.current_mode:
+            self.dwell_len += 1
+        else:
+            if self.current_mode is not None:
+                self.finished_dwells.append((int(self.current_mode), self.dwell_len))
+            self.current_mode = mode
+            self.dwell_len = 1
+        return draft_matches
 
     # -- read by status and metrics ------------------------------------------
     def spec_accept_length(self) -> float | None:

@@ -36,7 +36,8 @@ from eagle_gate.counters import (
     PolicyErrors,
 )
 from eagle_gate.ops import STAGES as OPS_STAGES
-from eagle_gate.runtime import GateRuntime, policy_estimates
+from eagle_gate.runtime import GateRuntime
+from eagle_gate.status_record import status_record
 
 __all__ = ["METRICS", "GateMetrics", "metrics_wanted", "DWELL_BUCKETS"]
 
@@ -332,15 +333,20 @@ class GateMetrics:
             self._last[key] = value
 
     def export(self, rt: GateRuntime) -> None:
-        """Bring the metrics up to the runtime's counters (off the hot path)."""
-        c = rt.counters
-        steps = list(c.steps_by_mode)
+        """Bring the metrics up to the runtime's status record (off the hot
+        path): every value from :func:`eagle_gate.status_record.status_record`,
+        but the finished dwells (drained from ``rt.counters``) and the decision
+        log's drops (``rt.decision_log``), which the record does not carry."""
+        s = status_record(rt)
+        steps = [s["steps"][name] for name in MODE_NAMES]
+        tokens = [s["tokens"][name] for name in MODE_NAMES]
+        request_steps = [s["request_steps"][name] for name in MODE_NAMES]
         before = (self._last.get("steps0", 0), self._last.get("steps1", 0))
         spec_before = (self._last.get("tokens0", 0), self._last.get("reqsteps0", 0))
         for i in (0, 1):
             self._add(f"steps{i}", self.steps[i], steps[i])
-            self._add(f"tokens{i}", self.tokens[i], c.tokens_by_mode[i])
-            self._add(f"reqsteps{i}", self.request_steps[i], c.request_steps_by_mode[i])
+            self._add(f"tokens{i}", self.tokens[i], tokens[i])
+            self._add(f"reqsteps{i}", self.request_steps[i], request_steps[i])
         spec_requests = self._last.get("reqsteps0", 0) - spec_before[1]
         if spec_requests > 0:
             spec_tokens = self._last.get("tokens0", 0) - spec_before[0]
@@ -348,9 +354,10 @@ class GateMetrics:
         ran = (steps[0] - before[0], steps[1] - before[1])
         if ran[0] + ran[1] > 0:
             self.ratio.set(ran[0] / (ran[0] + ran[1]))
+        errors = s["policy_errors_by_reason"]
         for reason, child in self.errors.items():
-            self._add(f"err:{reason}", child, c.policy_errors_by_reason.get(reason, 0))
-        for reason, count in dict(c.overrides).items():
+            self._add(f"err:{reason}", child, errors.get(reason, 0))
+        for reason, count in s["overrides"].items():
             child = self.overrides.get(reason)
             if child is None:
                 child = self.m["eagle_gate_spec_overrides_total"].labels(
@@ -358,53 +365,53 @@ class GateMetrics:
                 )
                 self.overrides[reason] = child
             self._add(f"ovr:{reason}", child, count)
-        self._add("slow", self.slow, c.slow_decisions)
-        self._add("plainfail", self.plain_failures, c.plain_step_failures)
+        self._add("slow", self.slow, s["slow_decisions"])
+        self._add("plainfail", self.plain_failures, s["plain_step_failures"])
         for path, child in self.plain_paths.items():
-            self._add(f"ppath:{path}", child, c.plain_path.get(path, 0))
-        for reason, count in dict(c.plain_eager_reasons).items():
+            self._add(f"ppath:{path}", child, s["plain_path"].get(path, 0))
+        for reason, count in s["plain_eager_reasons"].items():
             child = self.plain_eager.get(reason)
             if child is None:
                 child = self.m["eagle_gate_plain_eager_total"].labels(reason, self.dp)
                 self.plain_eager[reason] = child
             self._add(f"peager:{reason}", child, count)
-        self.plain_graph_mib.set(rt.plain_graphs.get("memory_mib") or 0.0)
-        self.plain_graphs_captured.set(
-            1 if rt.plain_graphs.get("state") == "captured" else 0
-        )
+        graphs = s["plain_graphs"]
+        self.plain_graph_mib.set(graphs.get("memory_mib") or 0.0)
+        self.plain_graphs_captured.set(1 if graphs.get("state") == "captured" else 0)
         for path, child in self.plain_draft_extend.items():
-            self._add(f"dext:{path}", child, c.draft_extend_path.get(path, 0))
-        self.degraded.set(1 if rt.degraded is not None else 0)
-        self.config_version.set(rt.config_version)
-        ledger = rt.shadow_ledger
-        self.shadow.set(1 if rt.shadow else 0)
-        for i in (0, 1):
-            self._add(f"shadow{i}", self.shadow_decisions[i], ledger.decisions[i])
-        gain = ledger.estimated_gain()
+            self._add(f"dext:{path}", child, s["draft_extend_path"].get(path, 0))
+        self.degraded.set(1 if s["degraded"] else 0)
+        self.config_version.set(s["config_version"])
+        shadow = s["shadow_totals"]
+        self.shadow.set(1 if s["shadow"] else 0)
+        for i, name in enumerate(MODE_NAMES):
+            self._add(f"shadow{i}", self.shadow_decisions[i], shadow["would_run"][name])
+        gain = shadow["estimated_gain"]
         self.shadow_gain.set(float("nan") if gain is None else gain)
         log = rt.decision_log
         if log is not None:
             for kind, child in self.dropped.items():
                 self._add(f"drop:{kind}", child, getattr(log, f"dropped_{kind}"))
-        current = c.current_mode
+        current = s["mode"]
         if current is not None:
+            current = MODE_NAMES.index(current)
             self.mode[current].set(1)
             self.mode[1 - current].set(0)
-        dwells = c.finished_dwells
+        dwells = rt.counters.finished_dwells
         while dwells:
             try:
                 mode, length = dwells.popleft()
             except IndexError:
                 break
             self.dwell[mode].observe(length)
-        labels = (rt.adapter, rt.sglang_version, rt.config.policy, self.gated)
+        labels = (s["adapter"], s["sglang_version"], s["policy"], self.gated)
         if labels != self._info_labels:
             info = self.m["eagle_gate_info"]
             if self._info_labels is not None:
                 info.labels(*self._info_labels, self.dp).set(0)
             info.labels(*labels, self.dp).set(1)
             self._info_labels = labels
-        estimates = policy_estimates(rt.policy)
+        estimates = s["estimates"]
         gauge = self.m["eagle_gate_policy_estimate"]
         for name, value in estimates.items():
             gauge.labels(name, self.dp).set(value)

@@ -50,6 +50,7 @@ from eagle_gate.config import ConfigError
 from eagle_gate.control import ControlFile, config_from_request
 from eagle_gate.logutil import first_then_every
 from eagle_gate.status import aggregate, read_status, write_process_status
+from eagle_gate.status_record import status_record
 from eagle_gate.statusdir import StatusDir, as_status_dir
 
 logger = logging.getLogger("eagle_gate")
@@ -159,35 +160,35 @@ class OpsService:
         self,
         runtime: Any,
         status_dir: StatusDir | str | os.PathLike[str],
-        extra: dict[str, Any],
         *,
         gated: bool,
         settings: OpsSettings,
         metrics: Any = None,
         control_available: bool = True,
-        launch_id: str | None = None,
         control: ControlFile | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """``control``: the launch's control file, shared with the runtime's
+        """``runtime``: the process's ``GateRuntime``, whose facts
+        (``runtime.facts``: the launch id among them) the record reports.
+        ``control``: the launch's control file, shared with the runtime's
         ``on_tick`` when gating (the thread reads it only when idle); one of
-        its own when not given."""
+        its own, for the runtime's launch, when not given."""
         self.runtime = runtime
         self.directory = as_status_dir(status_dir)
         self.status_dir = self.directory.path
-        self.extra = dict(extra)
-        if launch_id is not None:
-            self.extra["launch_id"] = launch_id
         self.gated = gated
         self.settings = settings
         self.metrics = metrics
         # A descriptor of its own: the hot path polls control (gating) while
         # this thread writes status, and each may have to reopen its own.
         if control is None:
-            control = ControlFile(StatusDir(self.directory.path), launch_id)
+            control = ControlFile(
+                StatusDir(self.directory.path), runtime.facts.launch_id
+            )
         self.control = control
         self.control_available = control_available
-        self._clock = clock
+        #: the wall clock of ``updated_at`` and of the agreement check.
+        self.clock = clock
         #: failures per stage, and the last one's message.
         self.stage_errors = dict.fromkeys(STAGES, 0)
         self.last_errors: dict[str, str] = {}
@@ -203,33 +204,9 @@ class OpsService:
 
     # -- one round of work -------------------------------------------------------
     def record(self) -> dict[str, Any]:
-        rt = self.runtime
-        record = rt.status()
-        record.update(self.extra)
-        record.update(
-            gated=self.gated,
-            updated_at=self._clock(),
-            ops={
-                "interval_s": self.settings.interval_s,
-                "errors": dict(self.stage_errors),
-                "last_errors": dict(self.last_errors),
-            },
-            control={
-                "available": self.control_available,
-                "applies": (
-                    f"at decode steps that are multiples of {rt.tick_every}, the "
-                    "same step on every rank"
-                    if self.gated
-                    else "at once (the gate is idle)"
-                ),
-                "tick_every": rt.tick_every,
-            },
-            metrics=self.metrics is not None,
-            decision_log=(
-                None if rt.decision_log is None else str(rt.decision_log.path)
-            ),
-        )
-        return record
+        """This process's status record, the ops part included
+        (:func:`eagle_gate.status_record.status_record`)."""
+        return status_record(self.runtime, self)
 
     def write_status(self) -> Path:
         self.status_path = write_process_status(self.directory, self.record())
@@ -254,13 +231,13 @@ class OpsService:
         """``eagle_gate_status_agreement`` from the status directory, read at
         most once per interval (this runs on one process: TP rank 0 of DP
         rank 0). An unreadable directory sets 0 and fails the stage."""
-        now = self._clock()
+        now = self.clock()
         last = self._agreement_at
         if last is not None and 0 <= now - last < 0.9 * self.settings.interval_s:
             return
         self._agreement_at = now
         try:
-            records = read_status(self.directory, self.extra.get("launch_id"))
+            records = read_status(self.directory, self.runtime.facts.launch_id)
             agree = bool(aggregate(self.directory, records)["agreement"]["all"])
         except Exception:
             self.metrics.set_status_agreement(False)

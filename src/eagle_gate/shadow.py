@@ -35,7 +35,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ShadowLedger", "predicted_plain_rate"]
+__all__ = ["ShadowLedger", "predicted_plain_rate", "SHADOW_NOTE"]
+
+#: what the log lines add for a policy in shadow mode.
+SHADOW_NOTE = " in SHADOW mode (every step runs SGLang's stock step)"
 
 _RING = 16
 _RING_MASK = _RING - 1

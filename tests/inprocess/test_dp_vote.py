@@ -1,4 +1,4 @@
-"""The DP-attention vote (#24): the protocol
+"""The DP-attention vote: the protocol
 (``eagle_gate.adapters.dp_vote``), and the vote riding on each version's
 MLP-sync gather (``adapters/sglang_*/dp.py``: 0.5.23's own
 ``MLPSyncBatchInfo.all_gather`` with a wider row, 0.5.9's replaced at the
@@ -21,6 +21,7 @@ from eagle_gate.adapters.dp_vote import (
     DPVote,
     agreed_mode,
 )
+from eagle_gate.decision import Decision
 from eagle_gate.policy import Mode
 
 VERSION = sglang_env.version()
@@ -46,14 +47,16 @@ def test_the_agreed_mode(votes, mode):
 
 def test_a_vote_lives_from_its_gather_to_its_step():
     vote = DPVote()
-    assert vote.cast(Mode.PLAIN, step=4) == WANTS_PLAIN
+    decision = Decision(Mode.PLAIN, step=4)
+    assert vote.cast(decision) == WANTS_PLAIN
     assert vote.settle([WANTS_PLAIN, WANTS_SPEC]) is Mode.SPEC
     assert vote.disagreements == 1
-    assert vote.take() == (Mode.SPEC, Mode.PLAIN, 4)
+    assert vote.take() == (Mode.SPEC, decision)
     # taken once: a batch without a gather finds nothing (stock step)
-    assert vote.take() == (None, None, -1) and vote.local == IDLE
+    assert vote.take() == (None, None) and vote.local == IDLE
     assert vote.cast(None, busy=True) == WANTS_SPEC  # an extend, gate off
-    assert vote.cast(Mode.PLAIN, busy=False) == IDLE
+    assert vote.cast(Decision(Mode.SPEC, step=5)) == WANTS_SPEC
+    assert vote.cast(Decision(Mode.PLAIN), busy=False) == IDLE
 
 
 def _info(**overrides):
@@ -92,7 +95,7 @@ def test_the_rows_are_sglangs_own_plus_the_vote():
     """Column for column against SGLang's own rows: a drift of the version's
     row layout fails here, not in a server."""
     dp = _dp_module()
-    dp.VOTE.cast(Mode.PLAIN, step=1)
+    dp.VOTE.cast(Decision(Mode.PLAIN, step=1))
     info = _info()
     row = dp.local_row(info, "cpu")
     assert row[:-1].tolist() == info._get_local_tensor("cpu").tolist()
@@ -107,6 +110,7 @@ TWO_DP_RANKS = r"""
 import datetime, json, sys, types
 import torch, torch.distributed as dist
 import wrapt
+from eagle_gate.decision import Decision
 from eagle_gate.policy import Mode
 
 rank, init, with_vote = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
@@ -142,15 +146,15 @@ modes, tokens = [], []
 for step, c in enumerate(plan):
     busy = c != "-"
     local = Mode.PLAIN if c == "P" else Mode.SPEC
-    dp.VOTE.cast(local if busy else None, step, busy=busy)
+    dp.VOTE.cast(Decision(local, step) if busy else None, busy=busy)
     n = 3 + rank if busy else 0
     info = sgl.MLPSyncBatchInfo(
         **sizes, **flags, num_tokens=n, num_tokens_for_logprob=n,
         is_extend_in_batch=False, local_can_run_tbo=False,
         local_forward_mode=2 if busy else 0)
     info.all_gather(device="cpu", group=group)
-    agreed, mine, _ = dp.VOTE.take()
-    ran = agreed if with_vote else (mine if busy else None)
+    agreed, mine = dp.VOTE.take()
+    ran = agreed if with_vote else (mine.mode if busy else None)
     modes.append({None: "-", Mode.PLAIN: "P", Mode.SPEC: "S"}[ran])
     tokens.append(info.global_num_tokens)
 print(json.dumps({"rank": rank, "modes": "".join(modes), "tokens": tokens,

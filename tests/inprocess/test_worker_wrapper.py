@@ -235,7 +235,7 @@ def test_spec_steps_let_the_plain_step_catch_the_draft_up_first(
 def test_a_blocked_plain_decision_is_recorded_as_spec_that_ran(
     gate, gpu_forward_stand_in, mocker
 ):
-    """#20 defect 1: a PLAIN decision that a blocker turns into SPEC must be
+    """A PLAIN decision that a blocker turns into SPEC must be
     recorded as decided=plain, ran=spec (with the blocker's reason) in the
     decision ring and the decision log, exactly like plain_step_unavailable;
     a replay of the log must not believe PLAIN ran."""

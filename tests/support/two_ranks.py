@@ -24,6 +24,7 @@ import torch.distributed as dist
 from eagle_gate.config import GateConfig
 from eagle_gate.control import ControlAgreement, ControlFile, torch_broadcast
 from eagle_gate.control import validate_change, write_request
+from eagle_gate.ops import OpsSettings
 from eagle_gate.policy import Mode
 from eagle_gate.runtime import GateRuntime
 
@@ -38,7 +39,7 @@ class P:
     def observe(self, outcome): pass
 
 rt = GateRuntime(GateConfig("threshold"), P(), sglang_version="t", adapter="t",
-                 tp_rank=rank, tp_size=2, tick_every=4,
+                 tp_rank=rank, tp_size=2, settings=OpsSettings(tick_every=4),
                  on_tick=ControlAgreement(ControlFile(d), is_source=rank == 0,
                                           broadcast=torch_broadcast(group)))
 switched = None

@@ -55,11 +55,12 @@ class P:
     def estimates(self): return {"gain": 1.25}
 
 rt = GateRuntime(GateConfig("threshold"), P(), sglang_version="9.9", adapter="a",
+                 launch_id="probe",
                  decision_log=DecisionLog(f"{log_dir}/d.jsonl", max_per_s=1,
                                           clock=lambda: 100.0))
 metrics = GateMetrics(rt, dp_rank=None, gated=True)
-ops = OpsService(rt, status_dir, {}, gated=True, settings=OpsSettings(),
-                 metrics=metrics, launch_id="probe")
+ops = OpsService(rt, status_dir, gated=True, settings=OpsSettings(),
+                 metrics=metrics)
 for i in range(5):
     rt.decide(4, 100)
     rt.observe(Mode.SPEC, i, [3, 1, 2, 1])
@@ -353,16 +354,18 @@ class Recorder:
 
 def make_ops(tmp_path, metrics, clock):
     rt = GateRuntime(
-        GateConfig("threshold", {}), _Spec(), sglang_version="t", adapter="t"
+        GateConfig("threshold", {}),
+        _Spec(),
+        sglang_version="t",
+        adapter="t",
+        launch_id="L",
     )
     return OpsService(
         rt,
         tmp_path,
-        {},
         gated=True,
         settings=OpsSettings(interval_s=1.0),
         metrics=metrics,
-        launch_id="L",
         clock=clock,
     )
 

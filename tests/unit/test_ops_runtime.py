@@ -13,6 +13,7 @@ from support.metrics_probe import scrape_lines
 from support.plain_stub import OPEN_PLAIN_STEP
 from support.two_ranks import run_two_ranks
 
+from eagle_gate.adapters.plain.step import PlainStep
 from eagle_gate.config import ENV_RESOLVED, GateConfig
 from eagle_gate.control import (
     ControlAgreement,
@@ -49,11 +50,17 @@ class Fixed:
 
 def make(policy=None, **kwargs):
     kwargs.setdefault("plain_step", OPEN_PLAIN_STEP)
+    tunables = {
+        key: kwargs.pop(key)
+        for key in ("tick_every", "decide_budget_s", "plain_failures_to_degrade")
+        if key in kwargs
+    }
     return GateRuntime(
         GateConfig("threshold", {}),
         policy or Fixed(),
         sglang_version="t",
         adapter="t",
+        settings=OpsSettings(**tunables),
         **kwargs,
     )
 
@@ -84,20 +91,20 @@ def test_plain_step_failure_runs_the_stock_step_and_degrades_after_k(caplog):
         calls.append(batch)
         return ("stock", batch)
 
+    def plain(run):
+        return PlainStep(run=run, blocker=lambda batch: None)
+
     rt.decide(1, 1)
-    assert rt.run_plain_step(plain_bad, (None, "b0"), {}, stock, ("b0",), {}) == (
-        ("stock", "b0"),
-        Mode.SPEC,
-    )
+    rt.plain_step = plain(plain_bad)
+    assert rt.run_plain(None, stock, ("b0",), {}) == (("stock", "b0"), Mode.SPEC)
     rt.decide(1, 1)
-    assert rt.run_plain_step(plain_ok, (None, "b1"), {}, stock, ("b1",), {}) == (
-        ("plain", "b1"),
-        Mode.PLAIN,
-    )
+    rt.plain_step = plain(plain_ok)
+    assert rt.run_plain(None, stock, ("b1",), {}) == (("plain", "b1"), Mode.PLAIN)
     assert rt.counters.consecutive_plain_failures == 0 and rt.degraded is None
+    rt.plain_step = plain(plain_bad)
     for i in (2, 3):
         rt.decide(1, 1)
-        rt.run_plain_step(plain_bad, (None, i), {}, stock, (i,), {})
+        rt.run_plain(None, stock, (i,), {})
     assert rt.degraded and "2 times in a row" in rt.degraded
     assert rt.counters.plain_step_failures == 3 and calls == ["b0", 2, 3]
     assert rt.counters.overrides[Overrides.PLAIN_STEP_FAILED] == 3
@@ -345,10 +352,8 @@ def test_ops_settings_from_environment():
 
 
 def test_idle_ops_round_applies_control_and_writes_status(tmp_path):
-    rt = make()
-    ops = OpsService(
-        rt, tmp_path, {"state": "idle"}, gated=False, settings=OpsSettings()
-    )
+    rt = make(state="idle")
+    ops = OpsService(rt, tmp_path, gated=False, settings=OpsSettings())
     ops.write_status()
     write_request(tmp_path, validate_change({"policy": "never"}, BASE))
     ops.run_once()
@@ -362,9 +367,7 @@ def test_idle_ops_round_applies_control_and_writes_status(tmp_path):
 def test_gated_ops_leave_control_to_the_hot_path(tmp_path):
     control = ControlFile(tmp_path)
     rt = make(tick_every=4, on_tick=ControlAgreement(control, is_source=True))
-    ops = OpsService(
-        rt, tmp_path, {}, gated=True, settings=OpsSettings(), control=control
-    )
+    ops = OpsService(rt, tmp_path, gated=True, settings=OpsSettings(), control=control)
     write_request(tmp_path, validate_change({"policy": "never"}, BASE))
     ops.run_once()
     assert rt.config_version == 0  # the thread never switches a gating runtime
@@ -434,7 +437,7 @@ def test_control_handler_defers_to_sglangs_key_check(http_env, monkeypatch):
 
 
 def test_cli_status_from_a_directory(tmp_path):
-    ops = OpsService(make(), tmp_path, {}, gated=False, settings=OpsSettings())
+    ops = OpsService(make(), tmp_path, gated=False, settings=OpsSettings())
     ops.write_status()
     out = subprocess.run(
         [

@@ -116,7 +116,7 @@ def test_decision_log_records_unknown_and_estimated_lengths(tmp_path):
         (30, False),
         (None, False),
     ]
-    # goodput (#23) does not read the lengths; the log reads the sum of the
+    # goodput does not read the lengths; the log reads the sum of the
     # record it writes (2 requests) and nothing for the one it drops
     assert committed_len.calls == 2
 

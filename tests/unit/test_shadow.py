@@ -24,6 +24,7 @@ from eagle_gate.control import (
 )
 from eagle_gate.decision_log import DecisionLog
 from eagle_gate.launch import split_argv
+from eagle_gate.ops import OpsSettings
 from eagle_gate.policy import Mode
 from eagle_gate.runtime import GateRuntime
 from eagle_gate.shadow import ShadowLedger
@@ -158,7 +159,7 @@ def test_shadow_switches_at_runtime_and_keeps_the_policy_state(tmp_path):
         sglang_version="t",
         adapter="t",
         plain_step=OPEN_PLAIN_STEP,
-        tick_every=4,
+        settings=OpsSettings(tick_every=4),
         on_tick=ControlAgreement(ControlFile(tmp_path), is_source=True),
     )
     assert rt.decide(2, None)[0] is Mode.PLAIN  # step 0 (a tick): nothing yet

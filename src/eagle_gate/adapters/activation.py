@@ -31,9 +31,11 @@ from eagle_gate.config import GateConfig, config_from_environment
 from eagle_gate.control import ControlAgreement, ControlFile
 from eagle_gate.counters import GateCounters
 from eagle_gate.decision_log import DecisionLog
+from eagle_gate.facts import ProcessFacts
 from eagle_gate.metrics import GateMetrics, metrics_wanted
 from eagle_gate.ops import OpsService, OpsSettings
 from eagle_gate.runtime import GateRuntime
+from eagle_gate.shadow import SHADOW_NOTE
 from eagle_gate.statusdir import (
     LaunchInfo,
     StatusDir,
@@ -51,7 +53,9 @@ __all__ = ["ProcessInfo", "activate", "activate_scheduler"]
 
 @dataclass(frozen=True)
 class ProcessInfo:
-    """Who this scheduler process is, as the gate reports it."""
+    """Who this scheduler process is, as the version's activation found it;
+    :func:`activate` adds what it sets up and keeps it all, once, as the
+    process's :class:`~eagle_gate.facts.ProcessFacts`."""
 
     adapter_name: str
     sglang_version: str
@@ -171,18 +175,30 @@ def activate(
     counters = GateCounters()
     graphs.on_path = counters.count_plain_path
     graphs.on_draft_extend = counters.count_draft_extend
-    runtime = GateRuntime(
-        config,
-        config.create_policy(),
-        sglang_version=process.sglang_version,
+    plain_mode = _plain_mode(plain_step, graphs, config)
+    facts = ProcessFacts(
         adapter=process.adapter_name,
+        sglang_version=process.sglang_version,
         tp_rank=process.tp_rank,
         tp_size=process.tp_size,
         num_draft_tokens=process.num_draft_tokens,
+        plain_graphs=graphs.status(),
+        state=state,
+        dp_rank=process.dp_rank,
+        speculative_algorithm=process.speculative_algorithm,
+        speculative=_spec_status(process),
+        plain_mode=plain_mode,
+        draft_sync=config.draft_sync,
+        launch_id=launch.launch_id,
+        server_pid=launch.server_pid,
+        fixes=tuple(process.fixes),
+    )
+    runtime = GateRuntime(
+        config,
+        config.create_policy(),
+        facts=facts,
         plain_step=plain_step,
-        tick_every=settings.tick_every,
-        decide_budget_s=settings.decide_budget_s,
-        plain_failures_to_degrade=settings.plain_failures_to_degrade,
+        settings=settings,
         req_len=req_len,
         counters=counters,
         on_tick=on_tick,
@@ -191,35 +207,20 @@ def activate(
             if gated and process.tp_size > 1
             else None
         ),
-        decision_log=_decision_log(process, config),
-        plain_graphs=graphs.status(),
+        decision_log=_decision_log(facts, config),
     )
     if ACTIVE.ops is not None:
         ACTIVE.ops.stop()
     ACTIVE.runtime = runtime if gated else None
     ACTIVE.gate = runtime
-    plain_mode = _plain_mode(plain_step, graphs, config)
-    extra = {
-        "state": state,
-        "dp_rank": process.dp_rank,
-        "speculative_algorithm": process.speculative_algorithm,
-        "speculative": _spec_status(process),
-        "plain_step": plain_mode,
-        "draft_sync": config.draft_sync,
-        "launch_id": launch.launch_id,
-        "server_pid": launch.server_pid,
-        "fixes": list(process.fixes),
-    }
     # OpsService() cannot fail; the status directory is opened on first use.
     ops = OpsService(
         runtime,
         launch.status_dir,
-        extra,
         gated=gated,
         settings=settings,
-        metrics=_metrics(runtime, process, gated, is_source),
+        metrics=_metrics(runtime, facts, gated, is_source),
         control_available=control_ok,
-        launch_id=launch_id,
         control=control_file,
     )
     ACTIVE.ops = ops
@@ -234,9 +235,7 @@ def activate(
         process.adapter_name,
         config.policy,
         config.settings,
-        " in SHADOW mode (every step runs SGLang's stock step)"
-        if config.shadow
-        else "",
+        SHADOW_NOTE if config.shadow else "",
         state,
         plain_mode if gated else "plain step unused",
         ", ".join(process.fixes) or "none",
@@ -288,7 +287,7 @@ def _runtime_control(
     return on_tick, is_source, control_ok
 
 
-def _decision_log(process: ProcessInfo, config: GateConfig) -> DecisionLog | None:
+def _decision_log(facts: ProcessFacts, config: GateConfig) -> DecisionLog | None:
     """The decision log when the environment asks for one, started with its
     header record; None otherwise or when it cannot be opened (ops never stop
     a scheduler)."""
@@ -301,11 +300,11 @@ def _decision_log(process: ProcessInfo, config: GateConfig) -> DecisionLog | Non
         log.start(
             {
                 "pid": os.getpid(),
-                "tp_rank": process.tp_rank,
-                "tp_size": process.tp_size,
-                "adapter": process.adapter_name,
-                "sglang_version": process.sglang_version,
-                "num_draft_tokens": process.num_draft_tokens,
+                "tp_rank": facts.tp_rank,
+                "tp_size": facts.tp_size,
+                "adapter": facts.adapter,
+                "sglang_version": facts.sglang_version,
+                "num_draft_tokens": facts.num_draft_tokens,
                 "policy": config.policy,
                 "settings": config.settings,
                 "config_version": 0,
@@ -316,14 +315,14 @@ def _decision_log(process: ProcessInfo, config: GateConfig) -> DecisionLog | Non
 
 
 def _metrics(
-    runtime: GateRuntime, process: ProcessInfo, gated: bool, is_source: bool
+    runtime: GateRuntime, facts: ProcessFacts, gated: bool, is_source: bool
 ) -> GateMetrics | None:
     """Prometheus metrics, on the rank that exports them, where SGLang
     collects multiprocess metrics; None otherwise or if they cannot be made."""
     if not (is_source and metrics_wanted()):
         return None
     try:
-        return GateMetrics(runtime, dp_rank=process.dp_rank, gated=gated)
+        return GateMetrics(runtime, dp_rank=facts.dp_rank, gated=gated)
     except Exception as exc:
         logger.warning("eagle_gate: Prometheus metrics are off: %r", exc)
         return None

@@ -1,4 +1,4 @@
-"""DP attention: every rank runs the same mode in the same step (issue #24).
+"""DP attention: every rank runs the same mode in the same step.
 
 Under data-parallel attention each rank's MLP all-gathers are sized by every
 rank's request count times the rank's *own* per-request token width (draft:
@@ -37,9 +37,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from eagle_gate.counters import GateCounters, Overrides
+from eagle_gate.decision import Decision
 from eagle_gate.policy import Mode
 
-__all__ = ["IDLE", "WANTS_PLAIN", "WANTS_SPEC", "agreed_mode", "DPVote", "row"]
+__all__ = [
+    "IDLE",
+    "WANTS_PLAIN",
+    "WANTS_SPEC",
+    "agreed_mode",
+    "after_vote",
+    "DPVote",
+    "row",
+]
 
 IDLE = 0
 WANTS_PLAIN = 1
@@ -61,6 +71,17 @@ def agreed_mode(votes: Iterable[int]) -> Mode | None:
     return Mode.PLAIN if plain == ranks else Mode.SPEC
 
 
+def after_vote(decision: Decision, agreed: Mode, counters: GateCounters) -> Decision:
+    """This rank's ``decision`` (from ``GateRuntime.propose``) as the ranks
+    agreed on ``agreed``, ready to record (``GateRuntime.record``): its PLAIN
+    overruled by another rank runs SPEC, counted as a ``dp_ranks`` override."""
+    if decision.mode is Mode.PLAIN and agreed is not Mode.PLAIN:
+        decision.mode = Mode.SPEC
+        decision.override = Overrides.DP_RANKS
+        counters.count_override(Overrides.DP_RANKS)
+    return decision
+
+
 class DPVote:
     """One scheduler process's vote, from the gather to the step it governs.
 
@@ -70,31 +91,33 @@ class DPVote:
     scheduler thread runs these in that order for every batch, so one slot
     is enough; ``take`` empties it, and a batch that finds it empty (no
     gather ran: a path without MLP sync) runs SGLang's stock step.
+
+    The slot carries this rank's decision (``GateRuntime.propose``'s, not
+    recorded yet) from the gather to the worker, which records it as the
+    vote left it (:func:`after_vote`, then ``GateRuntime.record``).
     """
 
-    __slots__ = ("local", "mode", "local_mode", "step", "disagreements")
+    __slots__ = ("local", "mode", "decision", "disagreements")
 
     def __init__(self) -> None:
         #: this rank's vote for the coming gather.
         self.local = IDLE
         #: the agreed mode for the coming batch (None: not settled / none).
         self.mode: Mode | None = None
-        #: what this rank's gate decided for it, and the step it counted.
-        self.local_mode: Mode | None = None
-        self.step = -1
+        #: what this rank's gate decided for it, or None.
+        self.decision: Decision | None = None
         #: steps where this rank wanted PLAIN and another rank did not.
         self.disagreements = 0
 
-    def cast(self, local_mode: Mode | None, step: int = -1, busy: bool = True) -> int:
-        """Record this rank's decision for its coming batch and return its
-        vote: ``local_mode`` None with ``busy`` means a batch the gate does
-        not decide (extend, gate off): SPEC; not ``busy``: idle."""
-        self.local_mode = local_mode
-        self.step = step
+    def cast(self, decision: Decision | None, busy: bool = True) -> int:
+        """Keep this rank's decision for its coming batch and return its
+        vote: ``decision`` None with ``busy`` means a batch the gate does not
+        decide (extend, gate off): SPEC; not ``busy``: idle."""
+        self.decision = decision
         self.mode = None
         if not busy:
             vote = IDLE
-        elif local_mode is Mode.PLAIN:
+        elif decision is not None and decision.mode is Mode.PLAIN:
             vote = WANTS_PLAIN
         else:
             vote = WANTS_SPEC
@@ -110,13 +133,12 @@ class DPVote:
         self.mode = mode
         return mode
 
-    def take(self) -> tuple[Mode | None, Mode | None, int]:
-        """``(agreed mode, this rank's own decision, its step)`` for the
-        batch about to run, once; the slot is empty afterwards."""
-        out = (self.mode, self.local_mode, self.step)
-        self.mode = self.local_mode = None
+    def take(self) -> tuple[Mode | None, Decision | None]:
+        """``(agreed mode, this rank's own decision)`` for the batch about to
+        run, once; the slot is empty afterwards."""
+        out = (self.mode, self.decision)
+        self.mode = self.decision = None
         self.local = IDLE
-        self.step = -1
         return out
 
 
@@ -132,7 +154,8 @@ def cast_for(vote: DPVote, runtime: Any, batch: Any) -> int:
     """Before the gather: this rank's decision for the batch it is about to
     run, cast as its vote. A decode batch asks the gate (the policy, then the
     plain step's blockers: PLAIN comes back only when the plain step can
-    serve the batch, and this is final, as every rank acts on the vote); no
+    serve the batch, and this is final, as every rank acts on the vote; the
+    decision is recorded in the worker, once the vote is settled); no
     batch, an idle or a prebuilt one votes idle; anything else (an extend, a
     gate that is off) votes SPEC. Never raises: a failure counts as an
     internal error and votes SPEC."""
@@ -144,9 +167,9 @@ def cast_for(vote: DPVote, runtime: Any, batch: Any) -> int:
             return vote.cast(None, busy=False)
         if runtime is None or runtime.dp_vote is not vote or not fm.is_decode():
             return vote.cast(None, busy=True)
-        mode, step = runtime.decide_batch(batch, defer_record=True)
+        decision = runtime.propose_batch(batch)
     except Exception as exc:
         if runtime is not None:
-            runtime.count_internal_error("casting the DP vote", exc)
+            runtime.guards.internal_error("casting the DP vote", exc)
         return vote.cast(None, busy=True)
-    return vote.cast(mode, step)
+    return vote.cast(decision)

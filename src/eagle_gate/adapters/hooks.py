@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from eagle_gate.adapters.dp_vote import after_vote
 from eagle_gate.adapters.patching import Instrumentor, PatchTarget
 from eagle_gate.adapters.plain.tensors import read_draft_matches
 from eagle_gate.policy import Mode
@@ -36,7 +37,8 @@ __all__ = [
     "scheduler_init_wrapper",
 ]
 
-#: attributes the worker wrapper sets on a result for the resolver wrapper.
+#: attributes the worker wrapper sets on a result for the resolver wrapper
+#: (it writes them by these names: ``result.eagle_gate_mode = ...``).
 RESULT_MODE_ATTR = "eagle_gate_mode"
 RESULT_STEP_ATTR = "eagle_gate_step"
 
@@ -56,11 +58,6 @@ class _Active:
 ACTIVE = _Active()
 
 
-def _batch_arg(args: tuple, kwargs: dict, name: str, instance: Any) -> Any:
-    # See resolver_wrapper for why ``instance is None`` shifts the position.
-    return kwargs[name] if name in kwargs else args[instance is None]
-
-
 def make_worker_wrapper(batch_param: str) -> Callable:
     """The wrapper around ``EAGLEWorkerV2.forward_batch_generation``;
     ``batch_param``: the name of the version's batch parameter.
@@ -74,53 +71,58 @@ def make_worker_wrapper(batch_param: str) -> Callable:
         if runtime is None:
             return wrapped(*args, **kwargs)
         try:
-            batch = _batch_arg(args, kwargs, batch_param, instance)
+            # see resolver_wrapper for why ``instance is None`` shifts it
+            batch = (
+                kwargs[batch_param] if batch_param in kwargs else args[instance is None]
+            )
             fm = batch.forward_mode
             decode = not (fm.is_extend() or batch.is_extend_in_batch or fm.is_idle())
             if not decode and not fm.is_idle():
                 runtime.note_non_decode_batch()
         except Exception as exc:
-            runtime.count_internal_error("inspecting the batch", exc)
+            runtime.guards.internal_error("inspecting the batch", exc)
             return wrapped(*args, **kwargs)
         vote = runtime.dp_vote
         if vote is not None:
             # DP attention: the mode was voted on at SGLang's MLP-sync gather
-            # (adapters/dp_vote.py); every rank runs the agreed one.
-            agreed, decided, step = vote.take()
-            if not decode or decided is None or agreed is None:
+            # (adapters/dp_vote.py); every rank runs the agreed one, and this
+            # rank's decision is recorded as the vote left it.
+            agreed, decision = vote.take()
+            if not decode or decision is None or agreed is None:
                 return wrapped(*args, **kwargs)  # idle, extend, or no vote
             try:
-                mode = runtime.record_agreed(step, batch.seq_lens.shape[0], agreed)
+                runtime.record(after_vote(decision, agreed, runtime.counters))
+                mode = decision.mode
             except Exception as exc:
-                runtime.count_internal_error("recording the DP vote", exc)
+                runtime.guards.internal_error("recording the DP vote", exc)
                 mode = agreed
+            step = decision.step
         elif not decode:
             return wrapped(*args, **kwargs)
         else:
             try:
                 # PLAIN comes back only when the plain step can serve the batch
-                mode, step = runtime.decide_batch(batch)
+                decision = runtime.decide_batch(batch)
             except Exception as exc:
-                runtime.count_internal_error("deciding", exc)
+                runtime.guards.internal_error("deciding", exc)
                 return wrapped(*args, **kwargs)
-        plain = runtime.plain_step
+            mode = decision.mode
+            step = decision.step
         if mode is Mode.PLAIN:
             # A failing plain step runs SGLang's stock step instead (counted;
             # repeated failures degrade the gate to stock for the rest of the run).
-            # Everything SGLang passed goes on, keywords included: 0.5.23's
-            # scheduler hands ``on_publish=`` (overlap scheduling) by keyword.
-            result, mode = runtime.run_plain_step(
-                plain.run, (instance, *args), kwargs, wrapped, args, kwargs
-            )
+            result, mode = runtime.run_plain(instance, wrapped, args, kwargs)
         else:
+            plain = runtime.plain_step
             if plain is not None and plain.before_spec is not None:
                 try:
                     plain.before_spec(instance, batch)
                 except Exception as exc:  # the draft stays stale; outputs do not
-                    runtime.count_internal_error("catching the draft up", exc)
+                    runtime.guards.internal_error("catching the draft up", exc)
             result = wrapped(*args, **kwargs)
-        setattr(result, RESULT_MODE_ATTR, mode)
-        setattr(result, RESULT_STEP_ATTR, step)
+        # RESULT_MODE_ATTR and RESULT_STEP_ATTR, set as plain attributes
+        result.eagle_gate_mode = mode
+        result.eagle_gate_step = step
         return result
 
     return forward_batch_generation
@@ -143,12 +145,12 @@ def resolver_wrapper(wrapped, instance, args, kwargs):
         # plain step under eager sync also carries its draft matches
         runtime.observe(
             mode,
-            getattr(result, RESULT_STEP_ATTR),
+            result.eagle_gate_step,  # RESULT_STEP_ATTR
             list(map(len, tokens)),
             read_draft_matches(result),
         )
     except Exception as exc:
-        runtime.count_internal_error("observing", exc)
+        runtime.guards.internal_error("observing", exc)
     return tokens
 
 

@@ -1,5 +1,5 @@
-"""SGLang 0.5.23's MLP-sync gather carries the DP vote (issue #24,
-:mod:`eagle_gate.adapters.dp_vote`).
+"""SGLang 0.5.23's MLP-sync gather carries the DP vote
+(:mod:`eagle_gate.adapters.dp_vote`).
 
 0.5.23 builds each rank's row in ``MLPSyncBatchInfo._get_local_tensor``
 (``managers/scheduler_components/dp_attn.py``), sizes the gathered tensor

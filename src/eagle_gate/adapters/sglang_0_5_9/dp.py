@@ -1,5 +1,5 @@
-"""SGLang 0.5.9's MLP-sync gather carrying the DP vote (issue #24,
-:mod:`eagle_gate.adapters.dp_vote`).
+"""SGLang 0.5.9's MLP-sync gather carrying the DP vote
+(:mod:`eagle_gate.adapters.dp_vote`).
 
 0.5.9's ``MLPSyncBatchInfo.all_gather`` (``managers/scheduler_dp_attn_mixin.py``)
 hard-codes a row of 6 columns in its buffer and its views, so a seventh
