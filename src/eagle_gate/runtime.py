@@ -1,11 +1,13 @@
 """The gate's decision flow inside one scheduler process.
 
-The adapters' worker wrapper calls :meth:`GateRuntime.decide_batch` before a
-decode batch (and :meth:`GateRuntime.run_plain` when it says PLAIN); the
-resolver wrapper calls :meth:`GateRuntime.observe` when the step's result is
-resolved. Under DP attention the ranks vote first: the vote casts
-:meth:`GateRuntime.propose_batch`'s decision and the worker records the
-agreed one (``adapters.dp_vote.after_vote``, :meth:`GateRuntime.record`).
+Before a decode batch the adapters' worker wrapper asks
+:meth:`GateRuntime.propose` for a :class:`~eagle_gate.decision.Decision` and
+records it (:meth:`GateRuntime.record`; :meth:`GateRuntime.decide` does both),
+then runs :meth:`GateRuntime.run_plain` when it says PLAIN; the resolver
+wrapper calls :meth:`GateRuntime.observe` when the step's result is resolved.
+Under DP attention the ranks vote between the two: the vote casts the
+proposed decision and the worker records the agreed one
+(``adapters.dp_vote.after_vote``).
 
 The runtime owns the flow only: counts live in
 :class:`~eagle_gate.counters.GateCounters`, failures are handled by
@@ -158,18 +160,6 @@ class GateRuntime:
         return self.facts.plain_graphs
 
     # -- before a decode batch --------------------------------------------
-    def decide_batch(self, batch: Any) -> Decision:
-        """:meth:`decide` for an SGLang decode batch (see :meth:`propose_batch`)."""
-        decision = self.propose(
-            batch.seq_lens.shape[0],
-            batch.seq_lens_sum,
-            batch.seq_lens_cpu,
-            getattr(batch, "reqs", None),
-            batch,
-        )
-        self.record(decision)
-        return decision
-
     def decide(
         self,
         batch_size: int,
@@ -182,19 +172,6 @@ class GateRuntime:
         decision = self.propose(batch_size, seq_len_sum, seq_lens, reqs, batch)
         self.record(decision)
         return decision
-
-    def propose_batch(self, batch: Any) -> Decision:
-        """:meth:`propose` for an SGLang batch: its size, CPU lengths (0.5.23
-        may leave ``seq_lens_cpu`` / ``seq_lens_sum`` None: the view then sums
-        or estimates, only if a policy reads them), requests and the batch
-        itself for the plain step's blockers."""
-        return self.propose(
-            batch.seq_lens.shape[0],
-            batch.seq_lens_sum,
-            batch.seq_lens_cpu,
-            getattr(batch, "reqs", None),
-            batch,
-        )
 
     def propose(
         self,

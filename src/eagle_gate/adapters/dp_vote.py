@@ -167,7 +167,14 @@ def cast_for(vote: DPVote, runtime: Any, batch: Any) -> int:
             return vote.cast(None, busy=False)
         if runtime is None or runtime.dp_vote is not vote or not fm.is_decode():
             return vote.cast(None, busy=True)
-        decision = runtime.propose_batch(batch)
+        # as the worker wrapper decides (adapters/hooks.py), not recorded yet
+        decision = runtime.propose(
+            batch.seq_lens.shape[0],
+            batch.seq_lens_sum,
+            batch.seq_lens_cpu,
+            getattr(batch, "reqs", None),
+            batch,
+        )
     except Exception as exc:
         if runtime is not None:
             runtime.guards.internal_error("casting the DP vote", exc)

@@ -101,8 +101,19 @@ def make_worker_wrapper(batch_param: str) -> Callable:
             return wrapped(*args, **kwargs)
         else:
             try:
-                # PLAIN comes back only when the plain step can serve the batch
-                decision = runtime.decide_batch(batch)
+                # the batch's size, CPU lengths (0.5.23 may leave seq_lens_cpu
+                # and seq_lens_sum None: the view then sums or estimates, only
+                # if a policy reads them), requests, and the batch for the
+                # plain step's blockers: PLAIN comes back only when the plain
+                # step can serve it. Recorded at once (DP attention: above).
+                decision = runtime.propose(
+                    batch.seq_lens.shape[0],
+                    batch.seq_lens_sum,
+                    batch.seq_lens_cpu,
+                    getattr(batch, "reqs", None),
+                    batch,
+                )
+                runtime.record(decision)
             except Exception as exc:
                 runtime.guards.internal_error("deciding", exc)
                 return wrapped(*args, **kwargs)
