@@ -29,14 +29,23 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
+    "DEFAULT_DRAFT_SYNC",
+    "DEFAULT_LAZY_MAX_MIB",
+    "DEFAULT_PLAIN_GRAPHS",
+    "DEFAULT_POLICY",
+    "DRAFT_SYNC_CHOICES",
     "OPTIONS",
+    "PLAIN_GRAPHS_CHOICES",
     "ConfigError",
     "Option",
     "Origin",
     "add_arguments",
+    "blame",
     "cli_values",
     "config_options",
     "file_keys",
+    "from_keywords",
+    "given",
     "option",
 ]
 
