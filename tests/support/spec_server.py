@@ -25,8 +25,6 @@ A verify step takes about 0.5 s on two cores: keep requests few and short.
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
@@ -182,27 +180,14 @@ def generate_greedy(
     *,
     timeout_s: float = 300.0,
 ) -> dict:
-    """One greedy ``/generate`` that runs to ``max_new_tokens`` (EOS ignored).
+    """One greedy ``/generate`` that runs to ``max_new_tokens`` (EOS ignored):
+    ``support.gated_server.generate`` with a 300 s timeout.
 
     Returns ``{"output_ids": [...], "meta_info": {...}}``.
     """
-    body = {
-        "text": prompt,
-        "sampling_params": {
-            "temperature": 0.0,
-            "max_new_tokens": max_new_tokens,
-            "ignore_eos": True,
-        },
-    }
-    req = urllib.request.Request(
-        f"{base_url}/generate",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(req, timeout=timeout_s) as r:
-        reply = json.loads(r.read().decode())
-    return {"output_ids": reply["output_ids"], "meta_info": reply["meta_info"]}
+    from support.gated_server import generate
+
+    return generate(base_url, prompt, max_new_tokens, timeout_s=timeout_s)
 
 
 def generate_concurrent(
