@@ -6,9 +6,10 @@
 # .ci/make-sglang-env.sh), then runs lint and pytest in it. Extra arguments go
 # to pytest. Set EAGLE_GATE_VERSIONS="0.5.23" to test one version only.
 #
-# --fast: lint and the unit tier only (tests/unit, no SGLang in the test
-# process, no model, no server), tests marked `slow` left out; a few minutes
-# at most. Without it: every tier (unit, inprocess, servers).
+# --fast: lint and the unit tier only (tests/unit marked unit by
+# tests/conftest.py: no SGLang in the test process, no model, no server),
+# tests marked `slow` left out; under 3 minutes on 2 cores. Without it: every
+# tier (unit, inprocess, servers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 versions=${EAGLE_GATE_VERSIONS:-"0.5.9 0.5.23"}
@@ -19,7 +20,7 @@ for arg in "$@"; do
   if [ "$arg" = "--fast" ]; then fast=1; else pytest_args+=("$arg"); fi
 done
 if [ "$fast" = 1 ]; then
-  set -- tests/unit -m "not slow" ${pytest_args[@]+"${pytest_args[@]}"}
+  set -- tests/unit -m "unit and not slow" ${pytest_args[@]+"${pytest_args[@]}"}
 else
   set -- ${pytest_args[@]+"${pytest_args[@]}"}
 fi
