@@ -20,7 +20,7 @@ What it checks, against real models on your GPU:
    captured and the MiB it took, from the gate's status; the share of plain
    steps that replayed a graph per level) and, for comparison, eager
    (``--gate-plain-graphs off``; skip with ``--no-eager-plain``). These are
-   tables 4a and 4b of docs/plain-graphs.md section 9.
+   tables 4a and 4b of docs/design/2026-12-plain-graphs.md section 9.
 4c. **Outputs with plain graphs** (``--gate-plain-graphs auto``), per draft
    strategy: the section 1 ``alternate`` outputs again; the outputs of the
    section 3 ``never`` server's requests at concurrency 1 (every prompt, one
@@ -46,7 +46,7 @@ code is 1 if any output differs from the server without speculation. Greedy
 outputs at concurrency above 1 can differ from a server without speculation
 for reasons other than the gate (other kernels or KV splits at another batch
 size, batches formed differently), and on a GPU so can rare greedy ties at
-batch size 1 (docs/plain-graphs.md section 8): read a mismatch, do not
+batch size 1 (docs/design/2026-12-plain-graphs.md section 8): read a mismatch, do not
 assume.
 
 Usage (one GPU, Llama-3.1-8B with its EAGLE-3 draft, for example)::

@@ -64,19 +64,11 @@ def test_plugins(tmp_path_factory):
 #: servers or other long-lived processes.
 TIERS = ("unit", "inprocess", "servers")
 
-#: files whose folder is not yet their tier: the tier they get instead, and why
-#: (move the file and drop its line here)
-TIER_OF_FILE = {
-    # ``eagle-gate doctor`` imports SGLang in the test process (and in the
-    # console-script run): ~20 s of a 2-core machine's fast tier, ~80 s loaded
-    "unit/test_doctor.py": "inprocess",
-}
-
 
 def pytest_collection_modifyitems(items):
     for item in items:
         path = Path(str(item.fspath))
-        tier = TIER_OF_FILE.get(f"{path.parent.name}/{path.name}", path.parent.name)
+        tier = path.parent.name
         if tier in TIERS:
             item.add_marker(tier)
     # the real-traffic files share one server pair: run them last, together

@@ -1,6 +1,7 @@
-"""The plain step's DECODE CUDA graphs (docs/plain-graphs.md), T1 of §7: what
-runs without a GPU. Selection, the attribute swap, the setting, the reasons
-graphs stay off, the build with fake adapters (memory, refusals, cleanup),
+"""The plain step's DECODE CUDA graphs (docs/plain-graphs.md; test plan T1,
+§7 of docs/design/2026-12-plain-graphs.md): what runs without a GPU.
+Selection, the attribute swap, the setting, the reasons graphs stay off, the
+build with fake adapters (memory, refusals, cleanup),
 status and metrics, the graph and eager paths binding the right attribute per
 version, the runner subclasses' pinned attributes on the installed SGLang,
 and the TP agreement over two real gloo processes. Nothing here captures a

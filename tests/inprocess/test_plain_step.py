@@ -297,7 +297,7 @@ def test_lazy_mode_switches_emit_exactly_the_plain_greedy_tokens(
 def test_the_plain_steps_draft_extends_are_counted_by_path(
     harness, adapter, monkeypatch
 ):
-    """docs/plain-graphs.md §5.7: each draft extend the plain step runs through
+    """design record §5.7: each draft extend the plain step runs through
     SGLang's ``_draft_extend_for_decode`` is counted by the path SGLang takes:
     one per plain step under eager sync, none under ``none`` or per lazy plain
     step, one per lazy catch-up. With no draft-extend graph (what SGLang

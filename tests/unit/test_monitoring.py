@@ -99,7 +99,7 @@ def test_the_scrape_has_the_new_metrics(scrape):
         'eagle_gate_ops_errors_total{dp_rank="0",stage="metrics"} 0.0',
         'eagle_gate_status_agreement{dp_rank="0"} 1.0',
         'eagle_gate_decision_log_dropped_total{dp_rank="1",kind="decisions"} 4.0',
-        # the plain step's draft side and graph state (docs/plain-graphs.md §5.7)
+        # the plain step's draft side and graph state (design record §5.7)
         'eagle_gate_plain_draft_extend_total{dp_rank="0",path="eager"} 1.0',
         'eagle_gate_plain_draft_extend_total{dp_rank="0",path="graph"} 0.0',
         'eagle_gate_plain_graphs_captured{dp_rank="0"} 0.0',

@@ -32,7 +32,7 @@ says what it replaces and why it is exact. Test-only switches, off by default:
 * ``EAGLE_GATE_CI_PLAIN_GRAPHS=construct`` (both versions): after the gate
   decided its plain-step CUDA graphs (off on CPU: ``device_not_cuda``), build
   the real plain attention backend and the real plain DECODE runner of the
-  gate's adapter (docs/plain-graphs.md T2) with the runner's ``capture()`` a
+  gate's adapter (the plain-graphs design record, T2) with the runner's ``capture()`` a
   no-op, check them, record the checks in ``plain_graphs.report`` of the
   gate's status and drop them again. The plain step stays eager.
 * ``EAGLE_GATE_CI_PLAIN_TEMPERATURE_FILE=PATH`` (both versions): a deliberate

@@ -5,7 +5,7 @@
   that, where the gate decided its plain-step CUDA graphs are off on CPU
   (``device_not_cuda``), builds the real plain attention backend and DECODE
   runner with ``capture()`` a no-op and records the checks in the graphs'
-  ``report`` (docs/plain-graphs.md T2);
+  ``report`` (the plain-graphs design record, T2);
 * ``EAGLE_GATE_CI_PLAIN_TEMPERATURE_FILE=PATH``: a ``wrap_plain_step``
   wrapper that scales each plain step's temperatures by the number in PATH
   while PATH exists (a deliberate fault for the sampling distribution test).

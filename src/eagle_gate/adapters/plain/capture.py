@@ -1,6 +1,7 @@
-"""Building the plain step's DECODE CUDA graphs at start (docs/plain-graphs.md
-§5.3-5.4): why they stay off, the memory estimate and headroom, the capture
-itself, and the TP agreement that makes every rank capture or none.
+"""Building the plain step's DECODE CUDA graphs at start (docs/plain-graphs.md;
+the § numbers name sections of docs/design/2026-12-plain-graphs.md): why
+they stay off, the memory estimate and headroom, the capture itself, and the
+TP agreement that makes every rank capture or none.
 
 Nothing here runs per step; :mod:`eagle_gate.adapters.plain.graphs` is what
 the plain step uses at run time. A version supplies its pieces through its
@@ -48,7 +49,7 @@ __all__ = [
 #: headroom needed before capture: this many times the estimate (§5.3).
 PLAIN_GRAPHS_HEADROOM = 1.25
 #: bytes of attention-backend graph state per (batch slot x context token), an
-#: upper bound over the backends of docs/plain-graphs.md §5.5 (FA3's four page
+#: upper bound over the backends of design record §5.5 (FA3's four page
 #: tables at page size 1: 16 bytes).
 PLAIN_BACKEND_BYTES_PER_SLOT_TOKEN = 16
 
@@ -64,7 +65,7 @@ def plain_graph_blockers(
     version_blockers: Callable[[Any, Any], str | None] | None = None,
 ) -> str | None:
     """Why the plain step cannot have its own DECODE CUDA graphs here (a reason
-    code of docs/plain-graphs.md §5.4), or None. The device comes first: every
+    code of design record §5.4), or None. The device comes first: every
     CPU server reports ``device_not_cuda``, whatever the setting."""
     device = getattr(model_runner, "device", None)
     if device is None:
@@ -137,7 +138,7 @@ def build_plain_graphs(
     agree: Callable[[bool], bool] | None = None,
     memory_mib: Callable[[Any], float] | None = None,
 ) -> PlainGraphs:
-    """Build the plain step's DECODE graph set per docs/plain-graphs.md §5.3.
+    """Build the plain step's DECODE graph set per design record §5.3.
 
     With ``tp_size > 1`` every rank calls ``agree`` exactly twice (before and
     after capture; a MIN over the attention-TP CPU group), so all ranks capture
