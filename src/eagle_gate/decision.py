@@ -2,7 +2,9 @@
 it, what may run it (:class:`PlainStepLike`), and the outcome contract
 checked after it (:func:`checked_outcome`).
 
-No SGLang, no torch; nothing here allocates on a healthy step.
+No SGLang, no torch. Per step: the runtime's one :class:`Decision` is
+refilled in place, and :func:`checked_outcome` hands back one small tuple
+(the step's ``(mode, step)`` tuple it replaces is gone from ``decide``).
 """
 
 from __future__ import annotations
