@@ -17,7 +17,9 @@ eagle_gate's own modules (the policy's module excluded). Unlike timings it
 does not depend on the machine's load, so two versions of the gate can be
 compared on a busy machine; it depends on the Python version. (Python 3.11:
 664.5 per step at commit 45076cf, with the API of then; 632.0 at b8cc5b1,
-before the runtime was split into decision flow, guards, facts and status.)
+before the runtime was split into decision flow, guards, facts and status;
+644.0 after it, whose median wall time per step was lower all the same:
+8.8-8.9 us against 9.0-9.5 us, interleaved runs on one busy machine.)
 """
 
 from __future__ import annotations
