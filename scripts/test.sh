@@ -68,7 +68,7 @@ run_suite() {
   local start=$SECONDS
   local rc=0
   ".venv-$v/bin/python" -u -m pytest -p no:cacheprovider -W ignore::UserWarning \
-    --basetemp "${TMPDIR:-/tmp}/eagle-gate-pytest-$v-$$" --durations=12 "$@" || rc=$?
+    --basetemp "${TMPDIR:-/tmp}/eagle-gate-pytest-$v-$$" --durations=15 "$@" || rc=$?
   echo "== SGLang $v: $((SECONDS - start)) s, pytest exit $rc"
   return $rc
 }
