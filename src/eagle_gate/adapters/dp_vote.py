@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from eagle_gate.adapters.batch import propose_for_batch
 from eagle_gate.counters import GateCounters, Overrides
 from eagle_gate.decision import Decision
 from eagle_gate.policy import Mode
@@ -168,13 +169,7 @@ def cast_for(vote: DPVote, runtime: Any, batch: Any) -> int:
         if runtime is None or runtime.dp_vote is not vote or not fm.is_decode():
             return vote.cast(None, busy=True)
         # as the worker wrapper decides (adapters/hooks.py), not recorded yet
-        decision = runtime.propose(
-            batch.seq_lens.shape[0],
-            batch.seq_lens_sum,
-            batch.seq_lens_cpu,
-            getattr(batch, "reqs", None),
-            batch,
-        )
+        decision = propose_for_batch(runtime, batch)
     except Exception as exc:
         if runtime is not None:
             runtime.guards.internal_error("casting the DP vote", exc)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from eagle_gate.adapters.batch import propose_for_batch
 from eagle_gate.adapters.dp_vote import after_vote
 from eagle_gate.adapters.patching import Instrumentor, PatchTarget
 from eagle_gate.adapters.plain.tensors import read_draft_matches
@@ -101,18 +102,8 @@ def make_worker_wrapper(batch_param: str) -> Callable:
             return wrapped(*args, **kwargs)
         else:
             try:
-                # the batch's size, CPU lengths (0.5.23 may leave seq_lens_cpu
-                # and seq_lens_sum None: the view then sums or estimates, only
-                # if a policy reads them), requests, and the batch for the
-                # plain step's blockers: PLAIN comes back only when the plain
-                # step can serve it. Recorded at once (DP attention: above).
-                decision = runtime.propose(
-                    batch.seq_lens.shape[0],
-                    batch.seq_lens_sum,
-                    batch.seq_lens_cpu,
-                    getattr(batch, "reqs", None),
-                    batch,
-                )
+                # recorded at once (DP attention: after the vote, above)
+                decision = propose_for_batch(runtime, batch)
                 runtime.record(decision)
             except Exception as exc:
                 runtime.guards.internal_error("deciding", exc)
