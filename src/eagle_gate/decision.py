@@ -37,8 +37,7 @@ class Decision:
     differs from it (or ``"shadow"``), else None.
 
     A runtime fills one object in place for every step (no allocation on the
-    hot path): read it before the next decision. It unpacks as
-    ``(mode, step)``.
+    hot path): read it before the next decision.
     """
 
     __slots__ = ("step", "batch_size", "decided", "mode", "override")
@@ -63,12 +62,6 @@ class Decision:
         self.mode = Mode.SPEC
         self.override = override
         return self
-
-    def __iter__(self) -> Any:
-        return iter((self.mode, self.step))
-
-    def __getitem__(self, index: int) -> Any:
-        return (self.mode, self.step)[index]
 
     def __repr__(self) -> str:
         return (

@@ -70,7 +70,7 @@ def test_slow_decisions_are_counted_with_an_injected_timer(caplog):
     ticks = iter([0.0, 0.0005, 1.0, 1.004, 2.0, 2.010])
     rt = make(timer=lambda: next(ticks), decide_budget_s=0.001)
     for _ in range(3):
-        assert rt.decide(2, 10)[0] is Mode.PLAIN
+        assert rt.decide(2, 10).mode is Mode.PLAIN
     assert rt.counters.slow_decisions == 2
     assert rt.counters.max_decide_s == pytest.approx(0.010)
     assert rt.status()["slow_decisions"] == 2
@@ -116,7 +116,7 @@ def test_plain_step_failure_runs_the_stock_step_and_degrades_after_k(caplog):
     }
     # degraded: the policy is not asked any more, every step is stock SPEC
     asked = rt.policy.decided
-    assert rt.decide(3, 3)[0] is Mode.SPEC
+    assert rt.decide(3, 3).mode is Mode.SPEC
     rt.observe(Mode.SPEC, 4, [1, 1, 1])
     assert rt.policy.decided == asked and rt.policy.observed == 0
     assert rt.counters.overrides[Overrides.DEGRADED] == 1
@@ -182,7 +182,7 @@ def test_tick_runs_at_multiples_of_tick_every_and_its_errors_never_escape():
 
     rt = make(tick_every=4, on_tick=tick)
     for _ in range(10):
-        assert rt.decide(1, 1)[0] is Mode.PLAIN
+        assert rt.decide(1, 1).mode is Mode.PLAIN
     assert seen == [0, 4, 8] and rt.counters.tick_errors == 1
     with pytest.raises(ValueError):
         make(tick_every=3)

@@ -124,7 +124,8 @@ def test_goodput_only_sees_contract_outcomes_through_the_runtime():
     clock = iter(float(i) * 0.01 for i in range(10_000))
     rt = runtime(pol, clock=lambda: next(clock))
     for i in range(200):
-        mode, step = rt.decide(8, 8 * 1000)
+        decision = rt.decide(8, 8 * 1000)
+        mode, step = decision.mode, decision.step
         lens = [1] * 8 if mode is Mode.PLAIN else [1 + (i + j) % 4 for j in range(8)]
         if i % 50 == 7:  # a sloppy adapter
             lens = [2] * 8 if mode is Mode.PLAIN else [0] * 8

@@ -112,7 +112,7 @@ def make_runtime(policy, *, plain=True, clock=None) -> GateRuntime:
 def test_runtime_runs_spec_and_counts_when_policy_raises(caplog):
     rt = make_runtime(_Raises())
     for _ in range(3):
-        assert rt.decide(4, 100)[0] is Mode.SPEC
+        assert rt.decide(4, 100).mode is Mode.SPEC
     rt.observe(Mode.SPEC, 0, [1, 2])
     assert rt.counters.policy_errors == 4
     # rate-limited: one warning for all four errors within a minute
@@ -121,13 +121,14 @@ def test_runtime_runs_spec_and_counts_when_policy_raises(caplog):
 
 def test_runtime_rejects_non_mode_return_values():
     rt = make_runtime(_Garbage())
-    assert rt.decide(4, 100)[0] is Mode.SPEC
+    assert rt.decide(4, 100).mode is Mode.SPEC
     assert rt.counters.policy_errors == 1
 
 
 def test_runtime_overrides_plain_when_plain_step_is_unavailable():
     rt = make_runtime(get_policy_factory("never").create(), plain=False)
-    mode, step = rt.decide(4, 100)
+    decision = rt.decide(4, 100)
+    mode, step = decision.mode, decision.step
     assert (mode, step) == (Mode.SPEC, 0)
     assert rt.counters.overrides == {Overrides.PLAIN_STEP_UNAVAILABLE: 1}
     assert rt.counters.decisions_by_mode[Mode.PLAIN] == 1

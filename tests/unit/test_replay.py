@@ -37,7 +37,8 @@ def write_log(tmp_path, steps=300):
     previous = None
     for i in range(steps):
         batch = 2 if (i // 100) % 2 == 0 else 64
-        mode, step = runtime.decide(batch, batch * 50)
+        decision = runtime.decide(batch, batch * 50)
+        mode, step = decision.mode, decision.step
         if previous is not None:
             ran, ran_step, ran_batch = previous
             spec_cost = 0.010 + 0.0008 * ran_batch

@@ -92,7 +92,8 @@ def test_goodput_decides_without_lengths_and_without_policy_errors():
     reqs = [Req(50), Req(70)]
     for step in range(200):
         lengths = None if step % 2 else reqs  # estimate, then nothing at all
-        mode, _ = rt.decide(2, None, None, lengths)
+        decision = rt.decide(2, None, None, lengths)
+        mode = decision.mode
         rt.observe(mode, step, [3, 1] if mode is Mode.SPEC else [1, 1])
     assert rt.counters.policy_errors == 0
     assert sum(rt.counters.decisions_by_mode) == 200

@@ -112,7 +112,8 @@ def test_shadow_runtime_asks_the_policy_and_runs_spec_every_step(tmp_path):
     rt.decision_log = DecisionLog(tmp_path / "d.jsonl")
     ran = []
     for bs in [1, 4, 4, 1]:
-        mode, number = rt.decide(bs, 10 * bs)
+        decision = rt.decide(bs, 10 * bs)
+        mode, number = decision.mode, decision.step
         ran.append(mode)
         rt.observe(mode, number, [2] * bs)
     assert ran == [Mode.SPEC] * 4
@@ -144,7 +145,8 @@ def test_shadow_gain_uses_the_measured_intervals():
     clock = iter([0.0, 1.0, 2.0, 3.0])
     rt = make(Predicting(plain_above=2, rate=4.0), clock=lambda: next(clock))
     for bs in (1, 4, 4, 1):
-        mode, step = rt.decide(bs, None)
+        decision = rt.decide(bs, None)
+        mode, step = decision.mode, decision.step
         rt.observe(mode, step, [2] * bs)  # 1 s per step
     # timed: steps 1..3 (step 0 has no interval): 3 s stock; step 1 and 2
     # (8 tokens each, would PLAIN at 4 tok/s) would take 2 s each, step 3 1 s
@@ -162,16 +164,16 @@ def test_shadow_switches_at_runtime_and_keeps_the_policy_state(tmp_path):
         settings=OpsSettings(tick_every=4),
         on_tick=ControlAgreement(ControlFile(tmp_path), is_source=True),
     )
-    assert rt.decide(2, None)[0] is Mode.PLAIN  # step 0 (a tick): nothing yet
+    assert rt.decide(2, None).mode is Mode.PLAIN  # step 0 (a tick): nothing yet
     write_request(tmp_path, validate_change({"shadow": True}, rt.config))
-    modes = [rt.decide(2, None)[0] for _ in range(7)]  # steps 1..7; tick at 4
+    modes = [rt.decide(2, None).mode for _ in range(7)]  # steps 1..7; tick at 4
     assert modes == [Mode.PLAIN] * 3 + [Mode.SPEC] * 4
     assert rt.shadow and rt.config.policy == "never" and rt.config_version == 1
     # only shadow changed: the same policy object goes on (its learned state
     # is what shadow mode was watching)
     assert rt.policy is policy
     write_request(tmp_path, validate_change({"shadow": False}, rt.config))
-    modes = [rt.decide(2, None)[0] for _ in range(4)]  # steps 8..11; tick at 8
+    modes = [rt.decide(2, None).mode for _ in range(4)]  # steps 8..11; tick at 8
     assert modes == [Mode.PLAIN] * 4
     assert rt.policy is policy and rt.config_version == 2
     assert rt.status()["shadow_totals"]["would_run"]["plain"] == 4
@@ -188,7 +190,7 @@ def test_a_policy_error_in_shadow_mode_is_counted_like_any_other():
             raise RuntimeError("boom")
 
     rt = make(Raising())
-    assert rt.decide(3, None)[0] is Mode.SPEC
+    assert rt.decide(3, None).mode is Mode.SPEC
     assert rt.counters.policy_errors == 1
     assert rt.status()["shadow_totals"]["would_run"] == {"spec": 0, "plain": 0}
 
@@ -264,7 +266,8 @@ rt = GateRuntime(GateConfig("threshold", shadow=True), P(), sglang_version="9",
                  adapter="a", plain_step=Open(), clock=lambda: next(t))
 m = GateMetrics(rt, dp_rank=None, gated=True)
 for bs in (4, 4, 1):
-    mode, step = rt.decide(bs, None)
+    decision = rt.decide(bs, None)
+    mode, step = decision.mode, decision.step
     rt.observe(mode, step, [1] * bs)
 m.export(rt)
 """
@@ -289,7 +292,8 @@ def test_replay_of_a_shadow_log_shows_the_comparison(tmp_path, capsys):
     rt.decision_log = DecisionLog(tmp_path / "d.jsonl")
     rt.decision_log.start({"policy": "threshold", "settings": {}, "shadow": True})
     for bs in (1, 4, 4, 1, 4):
-        mode, step = rt.decide(bs, 10 * bs)
+        decision = rt.decide(bs, 10 * bs)
+        mode, step = decision.mode, decision.step
         rt.observe(mode, step, [2] * bs)
     rt.decision_log.flush()
     live = rt.status()["shadow_totals"]
@@ -325,7 +329,8 @@ def test_goodput_in_shadow_mode_probes_on_paper_and_predicts_nothing_unmeasured(
         clock=lambda: next(t),
     )
     for _ in range(3000):
-        mode, step = rt.decide(4, 400)
+        decision = rt.decide(4, 400)
+        mode, step = decision.mode, decision.step
         assert mode is Mode.SPEC
         rt.observe(mode, step, [2, 2, 1, 3])
     totals = rt.status()["shadow_totals"]

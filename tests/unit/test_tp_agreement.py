@@ -59,7 +59,8 @@ def _rank_main(rank: int, port: int, agree: bool, out) -> None:
     decisions = []
     previous = None
     for _ in range(STEPS):
-        mode, step = runtime.decide(BATCH, BATCH * 100)
+        decision = runtime.decide(BATCH, BATCH * 100)
+        mode, step = decision.mode, decision.step
         decisions.append(int(mode))
         if previous is not None:
             ran, ran_step = previous

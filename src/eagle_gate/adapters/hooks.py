@@ -38,8 +38,7 @@ __all__ = [
     "scheduler_init_wrapper",
 ]
 
-#: attributes the worker wrapper sets on a result for the resolver wrapper
-#: (it writes them by these names: ``result.eagle_gate_mode = ...``).
+#: attributes the worker wrapper sets on a result for the resolver wrapper.
 RESULT_MODE_ATTR = "eagle_gate_mode"
 RESULT_STEP_ATTR = "eagle_gate_step"
 
@@ -122,9 +121,8 @@ def make_worker_wrapper(batch_param: str) -> Callable:
                 except Exception as exc:  # the draft stays stale; outputs do not
                     runtime.guards.internal_error("catching the draft up", exc)
             result = wrapped(*args, **kwargs)
-        # RESULT_MODE_ATTR and RESULT_STEP_ATTR, set as plain attributes
-        result.eagle_gate_mode = mode
-        result.eagle_gate_step = step
+        setattr(result, RESULT_MODE_ATTR, mode)
+        setattr(result, RESULT_STEP_ATTR, step)
         return result
 
     return forward_batch_generation
@@ -147,7 +145,7 @@ def resolver_wrapper(wrapped, instance, args, kwargs):
         # plain step under eager sync also carries its draft matches
         runtime.observe(
             mode,
-            result.eagle_gate_step,  # RESULT_STEP_ATTR
+            getattr(result, RESULT_STEP_ATTR),
             list(map(len, tokens)),
             read_draft_matches(result),
         )
