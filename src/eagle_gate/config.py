@@ -365,9 +365,10 @@ def _policy_settings(
     policy_origin: Origin,
     where: str,
 ) -> dict[str, Any]:
-    """The policy's settings, validated by its schema. They are validated one
-    key at a time first, in ``validate_settings``' own order, so that a
-    refusal says which key's value (and so which source) is at fault."""
+    """The policy's settings, validated by its schema. A refusal is traced to
+    its key by validating one key at a time, in ``validate_settings``' own
+    order, so that it says which key's value (and so which source) is at
+    fault; the keys pass one by one only when the whole set was refused."""
     try:
         factory = get_policy_factory(policy)
     except LookupError as exc:
@@ -378,14 +379,17 @@ def _policy_settings(
         raise ConfigError(f"policy {policy!r} is not available: {exc}") from None
     schema = factory.settings
     try:
-        for key in [*sorted(set(raw) - set(schema)), *raw]:
-            try:
-                validate_settings(policy, schema, {key: raw[key]})
-            except SettingsError as exc:
-                raise ConfigError(
-                    f"{exc.args[0]}{where}", field="settings", origin=origins[key]
-                ) from None
-        return validate_settings(policy, schema, raw)
+        try:
+            return validate_settings(policy, schema, raw)
+        except SettingsError as whole:
+            for key in [*sorted(set(raw) - set(schema)), *raw]:
+                try:
+                    validate_settings(policy, schema, {key: raw[key]})
+                except SettingsError as exc:
+                    raise ConfigError(
+                        f"{exc.args[0]}{where}", field="settings", origin=origins[key]
+                    ) from None
+            raise ConfigError(f"{whole.args[0]}{where}", field="settings") from None
     except ConfigError:
         raise
     except Exception as exc:  # a plugin's schema that cannot be used
