@@ -103,6 +103,9 @@ class Simulator(RequestTable):
         else:
             self._unknown = None
         self._req_rng = random.Random(scenario.seed * 7_919 + 3)
+        # reclassing draws come from their own generator: how many requests
+        # run at a segment's start depends on the policy
+        self._reclass_rng = random.Random(scenario.seed * 6_007 + 13)
 
     # -- the run -------------------------------------------------------------------
 
@@ -189,6 +192,8 @@ class Simulator(RequestTable):
         while clock < end:
             while seg_i < len(segs) - 1 and clock >= seg_end[seg_i]:
                 seg_i += 1
+                if scen.reclass_running:
+                    self._reclass_running(segs[seg_i].class_probs)
             seg = segs[seg_i]
             # arrivals
             if scen.closed_loop:

@@ -64,6 +64,7 @@ __all__ = [
     "close_call_profile",
     "drift_profile",
     "crossover_profile",
+    "alternating_profile",
     "load_profile_file",
     "get_profile",
 ]
@@ -411,6 +412,37 @@ def crossover_profile(crossover: float = 16.0, steep: float = 0.25) -> Profile:
         output_len=(50, 150),
         classes={"code": alpha, "chat": 0.4},
         default_class="code",
+    )
+
+
+def alternating_profile() -> Profile:
+    """Acceptance that takes turns: a 7B target on one A40-like GPU, 4 tokens
+    verified per request, requests of class ``hi`` (alpha 0.88, code) or
+    ``lo`` (alpha 0.5, chat). A SPEC step costs 2.6 PLAIN steps up to batch
+    8 (a draft that is not free next to a 20 ms decode), rising to 4.0 at
+    batch 128, where verifying 512 tokens is compute-bound: SPEC is ~28%
+    ahead on ``hi`` and ~28% behind on ``lo`` at small batches, and ~17%
+    behind even on ``hi`` at batch 128. The workload alternates the class of
+    every request (:func:`eagle_gate.sim.workloads.alternating_rows`)."""
+    ratio = ((1, 2.6), (4, 2.6), (8, 2.6), (16, 2.7), (32, 3.0), (64, 3.4),
+             (128, 4.0), (256, 4.6))  # fmt: skip
+    plain = tuple((b, 0.020 + 0.00005 * b) for b, _ in ratio)
+    spec = tuple((b, t * r) for (b, t), (_, r) in zip(plain, ratio))
+    return Profile(
+        name="alternating-a40",
+        description=(
+            "7B on an A40-like GPU: acceptance 0.88 (SPEC ahead below batch "
+            "~32) or 0.5 (PLAIN ahead), PLAIN ahead at batch 128 either way"
+        ),
+        num_draft_tokens=4,
+        plain_table=plain,
+        spec_table=spec,
+        **_SYNTHETIC_COSTS,
+        noise=0.03,
+        prompt_len=(200, 1500),
+        output_len=(200, 800),
+        classes={"hi": 0.88, "lo": 0.5},
+        default_class="hi",
     )
 
 

@@ -7,6 +7,7 @@ profile and the random pools (``_pools``, ``_pool_mean``, ``_req_rng``)."""
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ class RequestTable:
     profile: Profile
     _pools: dict[str, list[int]]
     _pool_mean: dict[int, float]
+    _reclass_rng: random.Random
 
     def _reset_requests(self) -> None:
         # request table
@@ -56,16 +58,7 @@ class RequestTable:
         p = rr.randint(*prof.prompt_len)
         o = rr.randint(*prof.output_len)
         if class_probs:
-            u = rr.random()
-            name = None
-            acc = 0.0
-            for cname, prob in class_probs.items():
-                acc += prob
-                if u < acc:
-                    name = cname
-                    break
-            if name is None:
-                name = next(reversed(list(class_probs)))
+            name = _draw_class(rr.random(), class_probs)
         else:
             name = prof.default_class
         rid = len(self._r_prompt)
@@ -78,6 +71,17 @@ class RequestTable:
         self._r_done.append(-1.0)
         self._r_class.append(name)
         return rid
+
+    def _reclass_running(self, class_probs: Mapping[str, float] | None) -> None:
+        """Every running request takes a class from ``class_probs`` (the
+        scenario's ``reclass_running``: its acceptance changes from now)."""
+        if not class_probs:
+            return
+        rng = self._reclass_rng
+        for i, rid in enumerate(self._run_id):
+            name = _draw_class(rng.random(), class_probs)
+            self._r_class[rid] = name
+            self._run_pool[i] = self._pools[name]
 
     def _admit_running(self, rid: int, rem: int, ctx: int) -> None:
         self._run_id.append(rid)
@@ -220,6 +224,17 @@ class RequestTable:
         base = self._run_base
         rem = self._run_rem
         return max((base[i] - rem[i] for i in range(len(rem))), default=0)
+
+
+def _draw_class(u: float, class_probs: Mapping[str, float]) -> str:
+    """The class whose cumulative probability first exceeds ``u`` (the last
+    one when rounding leaves ``u`` beyond them all)."""
+    acc = 0.0
+    for name, prob in class_probs.items():
+        acc += prob
+        if u < acc:
+            return name
+    return next(reversed(list(class_probs)))
 
 
 class LazySeqLens:

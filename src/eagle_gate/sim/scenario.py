@@ -46,6 +46,10 @@ class Scenario:
     #: the gate's draft sync: "eager" PLAIN outcomes carry ``draft_matches``;
     #: "lazy" and "none" do not (None).
     draft_sync: str = "eager"
+    #: at each segment's start every running request takes a class from
+    #: that segment's mix (content that changes mid-request): acceptance
+    #: moves for the whole batch at once, not as requests turn over.
+    reclass_running: bool = False
 
     @property
     def duration_s(self) -> float:

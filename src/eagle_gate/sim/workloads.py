@@ -3,11 +3,13 @@ close calls."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from eagle_gate.sim.engine import Scenario, Segment
 from eagle_gate.sim.profiles import (
     Profile,
+    alternating_profile,
     close_call_profile,
     crossover_profile,
     drift_profile,
@@ -23,6 +25,8 @@ __all__ = [
     "close_scenarios",
     "policy_suite",
     "SuiteRow",
+    "alternating_rows",
+    "ALTERNATING_TARGETS",
 ]
 
 #: closed-loop concurrencies of the grid (those of seed-pcie-tp8.json).
@@ -264,4 +268,60 @@ def policy_suite(quick: bool = False) -> list[SuiteRow]:
             ),
         )
     )
+    return rows
+
+
+#: periods of the alternating-acceptance rows (decode steps per phase).
+ALTERNATING_PERIODS: tuple[int, ...] = (300, 1000, 3000)
+#: batches (closed-loop clients) of the alternating-acceptance rows.
+ALTERNATING_BATCHES: tuple[int, ...] = (1, 4, 16, 128)
+#: goodput / oracle-mean each alternating row must reach, by draft sync
+#: (lazy: no PLAIN-side acceptance samples, a rise is seen by probes only).
+ALTERNATING_TARGETS: dict[str, float] = {"eager": 0.97, "lazy": 0.93}
+
+
+def alternating_rows(
+    quick: bool = False,
+    syncs: tuple[str, ...] = ("eager", "lazy"),
+    periods: tuple[int, ...] = ALTERNATING_PERIODS,
+    batches: tuple[int, ...] = ALTERNATING_BATCHES,
+) -> list[SuiteRow]:
+    """Acceptance that takes turns (:func:`alternating_profile`): every
+    request's class flips between ``hi`` (alpha 0.88) and ``lo`` (0.5) every
+    ``period`` decode steps (each phase lasts ``period`` steps of the mode
+    the oracle runs in it), as when tenants with code and chat traffic take
+    turns and the content changes mid-request. At batch 1-16 the better mode
+    flips with the phase; at 128 PLAIN wins both. At least 4 phases and
+    6,000 steps (3,000 quick); outcomes 1-2 steps late; ``syncs`` picks
+    eager (PLAIN outcomes carry ``draft_matches``) and lazy (they do not)."""
+    prof = alternating_profile()
+    total = 3000 if quick else 6000
+    s = prof.num_draft_tokens - 1
+    rows: list[SuiteRow] = []
+    for sync in syncs:
+        for period in periods:
+            n = max(4, math.ceil(total / period))
+            for c in batches:
+                segs = []
+                for i in range(n):
+                    cls = "hi" if i % 2 == 0 else "lo"
+                    acc = prof.mean_accept(prof.classes[cls], s)
+                    tp = prof.plain_time(c, 0)
+                    ts = prof.spec_time(c, 0)
+                    t = ts if acc / ts > 1.0 / tp else tp
+                    segs.append(Segment(period * t, c, {cls: 1.0}))
+                segs_t = tuple(segs)
+
+                def make(seed: int, segs=segs_t, c=c, sync=sync, p=period) -> Scenario:
+                    return Scenario(
+                        name=f"alternating-p{p}-c{c}",
+                        segments=segs,
+                        warmup_s=0.02 * sum(x.duration_s for x in segs),
+                        seed=seed + 5500 + c + p,
+                        max_delay=SUITE_DELAY,
+                        draft_sync=sync,
+                        reclass_running=True,
+                    )
+
+                rows.append((f"alt p{period} b{c} {sync}", prof, make))
     return rows
