@@ -5,7 +5,7 @@ What it does, its settings and results: docs/goodput.md. Three estimates
 
 * acceptance ``A`` (tokens per request of a SPEC step) from SPEC steps, and
   the first-position acceptance ``p1`` from PLAIN steps under eager draft
-  sync (``StepOutcome.draft_matches``), each a fast/slow pair that restarts
+  sync (``StepOutcome.draft_matches``), each a mean with a CUSUM that restarts
   on a change (:class:`Level`); while PLAIN runs, ``A`` follows ``p1``'s
   change through the draft's geometric depth profile. Lazy and none sync give
   no ``p1``: ``A`` then moves only with SPEC probes;
@@ -64,6 +64,10 @@ _LONG_PROBE = 4
 _CHECK_EVERY = 4
 #: unused probe budget is capped at this many probes' time.
 _CREDIT_PROBES = 2.0
+#: a prediction of the accept length from the PLAIN side counts as this
+#: many requests: a model's guess (the depth profile, an offset assumed
+#: constant), which the next SPEC samples soon outweigh.
+_PREDICTED_REQUESTS = 4.0
 #: at least this many steps between switches: a decision's outcome arrives
 #: up to two steps late, plus the step that acts on it.
 _MIN_DWELL = 3
@@ -270,14 +274,20 @@ class Goodput:
             acc = self._acc
             if prev is not _SPEC:
                 self._rebase(acc)
-            acc.add(outcome.tokens / b, b)
+            if acc.add(outcome.tokens / b, b):
+                # SPEC saw a change: the PLAIN-side agreement describes the
+                # old acceptance, so it is re-anchored on the next PLAIN
+                # steps (else that change counts twice when PLAIN runs)
+                self._p1.forget()
+                self._p1_ref = 0.0
             self._first_spec += b - outcome.accept_lens.count(1)
             self._req_spec += b
             # the acceptance as measured, and the PLAIN-side first-position
             # acceptance it goes with (the reference for PLAIN-side changes)
             self._accept = acc.slow
             p1 = self._p1
-            self._p1_ref = p1.slow if p1.n >= FAST_REQUESTS else 0.0
+            if p1.n >= FAST_REQUESTS:
+                self._p1_ref = p1.slow
             if dt is None or dt <= 0.0:
                 return
             fit = self._times[0]
@@ -301,7 +311,9 @@ class Goodput:
                 self._req_plain += b
                 p1 = self._p1
                 changed = p1.add(m / b, b)
-                if self._p1_ref > 0.0:
+                if self._p1_ref == 0.0 and p1.n >= FAST_REQUESTS:
+                    self._p1_ref = p1.slow  # anchored: the SPEC estimate's
+                elif self._p1_ref > 0.0:
                     self._update_accept(p1.slow, changed)
                     if changed and self.home is _PLAIN:
                         # SPEC's estimate moved without a SPEC sample: the
@@ -331,19 +343,24 @@ class Goodput:
         a = 1.0 + (acc.slow - 1.0) * (depth(p_now, s) / depth(self._p1_ref, s))
         self._accept = a
         if changed:
-            acc.restart(a)
+            acc.restart(a, _PREDICTED_REQUESTS)
             self._p1_ref = p_now
 
     def _rebase(self, acc: Level) -> None:
         """First SPEC step after PLAIN: where the PLAIN side moved the
         decision's acceptance beyond the SPEC estimate's noise, restart that
-        estimate from it (as on a detected change). Without this a change
+        estimate from it (as on a detected change); an estimate that is a
+        PLAIN-side prediction itself (no SPEC sample since) takes it as is. Without this a change
         the PLAIN side *followed* but never *detected* (a recovery after a
         false restart, a gradual drift) is forgotten at the next SPEC step."""
         a = self._accept
         d = a - acc.slow
-        if acc.n and d * d > Z_CHANGE2 * acc.var / acc.n:
-            acc.restart(a)
+        if not acc.n or d == 0.0:
+            return
+        if acc.n <= _PREDICTED_REQUESTS:  # a PLAIN-side prediction itself
+            acc.slow = a
+        elif d * d > Z_CHANGE2 * acc.var / acc.n:
+            acc.restart(a, _PREDICTED_REQUESTS)
 
     def _update_switch_costs(self) -> None:
         """What a switch costs (the measured resync, at least ``switch_cost``),

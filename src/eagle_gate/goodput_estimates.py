@@ -1,8 +1,8 @@
 """The ``goodput`` policy's estimators (:mod:`eagle_gate.goodput` decides
 with them):
 
-* :class:`Level`: a mean over requests that follows changes, a fast/slow
-  pair that restarts on a change (the acceptance ``A`` from SPEC steps, the
+* :class:`Level`: a mean over requests that follows changes, a slow mean
+  with a CUSUM that restarts it on a change (the acceptance ``A`` from SPEC steps, the
   first-position acceptance ``p1`` from PLAIN steps under eager sync);
 * :class:`StepTime`: one mode's step time as a line in the batch size, least
   squares with forgetting, with its leverage and relative noise;
@@ -18,19 +18,36 @@ import math
 
 __all__ = ["FAST_REQUESTS", "Z_CHANGE2", "Level", "StepTime", "depth"]
 
-#: requests behind the fast acceptance estimates: at batch 1 a change of the
-#: accept length from 3.2 to 1.8 shows within about 15 steps.
+#: requests behind a level restarted from a prediction (the PLAIN side's),
+#: and the samples a reference needs before it is trusted.
 FAST_REQUESTS = 16.0
-_FAST_WEIGHT = 1.0 / FAST_REQUESTS
 #: requests behind the slow acceptance estimates at most: about 1% of
 #: relative noise, and a lag of ~128 steps at batch 8 behind a gradual drift
-#: (a class mix that moves with the requests), which no restart catches.
+#: (a class mix that moves with the requests), where no restart fires.
 _SLOW_REQUESTS = 2048.0
-#: a slow estimate restarts from the fast one when they differ by more than
-#: this many standard errors (a change, not noise; squared).
+#: a restart is taken where a gap of the level and the PLAIN side's
+#: prediction exceeds this many standard errors (squared).
 Z_CHANGE2 = 4.0 * 4.0
 #: weight of one step in the per-request variance of a level.
 _VAR_WEIGHT = 1.0 / 64.0
+#: one step's squared deviation enters the variance clipped at this many
+#: variances: a change must not widen the noise it is judged against.
+_VAR_CLIP = 9.0
+#: change detection (CUSUM): each step's deviation from the slow mean, in
+#: standard errors, less ``_CUSUM_K`` accumulates per side; beyond
+#: ``_CUSUM_H`` the level restarts from the mean since the excursion began.
+#: A false restart about every 10,000 steps; a shift of one per-request
+#: standard deviation shows after ~10 requests at batch 1, of 0.76 (first-
+#: position agreement 0.5 -> 0.88) after ~28, and within a few steps at
+#: batch 4 and up.
+_CUSUM_K = 0.5
+_CUSUM_H = 8.0
+#: a step's deviation counts at most this many standard errors: at least
+#: 6 steps make a change, however far one of them lies.
+_Z_CLIP = 2.0
+#: a level's variance is floored here (constant samples, e.g. every draft
+#: agreeing, must not make the next deviation infinitely significant).
+_VAR_FLOOR = 1e-4
 #: step-time samples behind a mode's fit (weights decay by 1 - 1/this per
 #: sample of that mode): long enough for 1% precision at 12% noise.
 _FIT_SAMPLES = 256.0
@@ -51,56 +68,85 @@ _FLOOR = 0.02
 
 
 class Level:
-    """A mean over requests that follows changes: a fast EMA (about
-    ``FAST_REQUESTS`` requests) and a slow mean (up to ``_SLOW_REQUESTS``)
-    that restarts from the fast one when the two differ beyond their noise."""
+    """A mean over requests that follows changes: a slow mean (up to
+    ``_SLOW_REQUESTS`` requests) and a two-sided CUSUM on the steps'
+    deviations from it; where one side's sum passes ``_CUSUM_H`` the mean
+    restarts from the samples since that excursion began (a change, not
+    noise). Unlike a fast/slow pair of means, a CUSUM accumulates a moderate
+    shift until it shows, instead of waiting for it to reach a fixed number
+    of standard errors within one window."""
 
-    __slots__ = ("fast", "slow", "n", "var", "restarts")
+    __slots__ = ("slow", "n", "var", "restarts", "up", "up_s", "up_n", "dn",
+                 "dn_s", "dn_n")  # fmt: skip
 
     def __init__(self) -> None:
-        self.fast = self.slow = self.n = 0.0
+        self.slow = self.n = 0.0
         self.var = 1.0  # per-request variance (replaced by measurement)
         self.restarts = 0
+        self.up = self.up_s = self.up_n = self.dn = self.dn_s = self.dn_n = 0.0
 
     def add(self, mean: float, b: int) -> bool:
         """Fold in ``b`` requests whose samples average ``mean``; True when
-        the slow mean restarted (a change)."""
+        the mean restarted (a change)."""
         n = self.n
         if n == 0.0:
-            self.fast = self.slow = mean
+            self.slow = mean
             self.n = b if b < _SLOW_REQUESTS else _SLOW_REQUESTS
             return False
-        n += b
-        if n > _SLOW_REQUESTS:
-            n = _SLOW_REQUESTS
         slow = self.slow
         d = mean - slow
         var = self.var
-        var += _VAR_WEIGHT * (b * d * d - var)
-        slow += b / n * d
-        a = b * _FAST_WEIGHT
-        if a > 1.0:
-            a = 1.0
-        fast = self.fast
-        fast += a * (mean - fast)
-        d = fast - slow
-        # the fast EMA's variance in per-request variances, and the slow's
-        fv = a / ((2.0 - a) * b) + 1.0 / n
-        self.fast = fast
+        e = b * d * d
+        if e > _VAR_CLIP * var:
+            e = _VAR_CLIP * var
+        var += _VAR_WEIGHT * (e - var)
+        if var < _VAR_FLOOR:
+            var = _VAR_FLOOR
         self.var = var
-        if d * d > Z_CHANGE2 * var * fv:
-            self.restart(fast)
-            return True
-        self.slow = slow
+        z = d / math.sqrt(var * (1.0 / b + 1.0 / n))
+        if z > _Z_CLIP:  # (one odd step is no change: skewed samples,
+            z = _Z_CLIP  # e.g. a miss where 85% of drafts agree, count
+        elif z < -_Z_CLIP:  # at most this much)
+            z = -_Z_CLIP
+        c = self.up + z - _CUSUM_K
+        if c > 0.0:
+            self.up = c
+            self.up_s += mean * b
+            self.up_n += b
+            if c > _CUSUM_H:
+                self.restart(self.up_s / self.up_n, self.up_n)
+                return True
+        elif self.up:
+            self.up = self.up_s = self.up_n = 0.0
+        c = self.dn - z - _CUSUM_K
+        if c > 0.0:
+            self.dn = c
+            self.dn_s += mean * b
+            self.dn_n += b
+            if c > _CUSUM_H:
+                self.restart(self.dn_s / self.dn_n, self.dn_n)
+                return True
+        elif self.dn:
+            self.dn = self.dn_s = self.dn_n = 0.0
+        n += b
+        if n > _SLOW_REQUESTS:
+            n = _SLOW_REQUESTS
+        self.slow = slow + b / n * d
         self.n = n
         return False
 
-    def restart(self, value: float) -> None:
-        """It changed: start the slow mean afresh, from ``value`` (what the
-        recent requests say), with the fast EMA's weight; the fast EMA
-        starts there too."""
-        self.slow = self.fast = value
-        self.n = FAST_REQUESTS
+    def forget(self) -> None:
+        """Start over: the next samples set the level (it described an
+        acceptance that has since changed)."""
+        self.slow = self.n = 0.0
+        self.up = self.up_s = self.up_n = self.dn = self.dn_s = self.dn_n = 0.0
+
+    def restart(self, value: float, n: float = FAST_REQUESTS) -> None:
+        """It changed: start the mean afresh from ``value`` (what the recent
+        ``n`` requests say)."""
+        self.slow = value
+        self.n = n if n < _SLOW_REQUESTS else _SLOW_REQUESTS
+        self.up = self.up_s = self.up_n = self.dn = self.dn_s = self.dn_n = 0.0
         self.restarts += 1
 
 
