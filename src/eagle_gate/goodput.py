@@ -350,9 +350,10 @@ class Goodput:
         """First SPEC step after PLAIN: where the PLAIN side moved the
         decision's acceptance beyond the SPEC estimate's noise, restart that
         estimate from it (as on a detected change); an estimate that is a
-        PLAIN-side prediction itself (no SPEC sample since) takes it as is. Without this a change
-        the PLAIN side *followed* but never *detected* (a recovery after a
-        false restart, a gradual drift) is forgotten at the next SPEC step."""
+        PLAIN-side prediction itself (no SPEC sample since) takes it as is.
+        Without this a change the PLAIN side *followed* but never *detected*
+        (a recovery after a false restart, a gradual drift) is forgotten at
+        the next SPEC step."""
         a = self._accept
         d = a - acc.slow
         if not acc.n or d == 0.0:

@@ -427,7 +427,7 @@ def alternating_profile() -> Profile:
     ratio = ((1, 2.6), (4, 2.6), (8, 2.6), (16, 2.7), (32, 3.0), (64, 3.4),
              (128, 4.0), (256, 4.6))  # fmt: skip
     plain = tuple((b, 0.020 + 0.00005 * b) for b, _ in ratio)
-    spec = tuple((b, t * r) for (b, t), (_, r) in zip(plain, ratio))
+    spec = tuple((b, t * r) for (b, t), (_, r) in zip(plain, ratio, strict=True))
     return Profile(
         name="alternating-a40",
         description=(
