@@ -3,6 +3,8 @@ over several seeds.
 
     python examples/sim_seeds.py [--seeds 5] [--profile NAME ...] [--workload W ...]
         [--quick] [--below 0.995]
+    python examples/sim_seeds.py --suite|--alternating [--seeds N] [--quick]
+        [--seed-start 0] [--policy FILE:CLASS]
 
 One ``python -m eagle_gate.sim`` table runs each row once (seed 0), so a row's
 ratio carries that scenario's noise: which requests finish inside the window,
@@ -24,6 +26,19 @@ its switches (mean per run) and the share of the time it spent away from its
 chosen mode (probes). ``--seed-start`` picks other seeds (hold-outs);
 ``--policy FILE:CLASS`` runs another policy class in place of goodput (the
 old one, for a before/after table).
+
+``--alternating`` runs instead the alternating-acceptance rows
+(:func:`eagle_gate.sim.workloads.alternating_rows`: every running request's
+class flips between alpha 0.88 and 0.5 every 300, 1000 or 3000 steps, at
+batch 1, 4, 16 and 128, under eager and lazy draft sync; 3 seeds unless
+``--seeds`` says otherwise) and prints one markdown row per (period, batch,
+sync): goodput's mean and worst seed against ``oracle-mean``, always-PLAIN
+(``never``) and always-SPEC (``always``) against ``oracle-mean`` (what a
+policy that never switches gets), switches and explored time share; a row
+whose mean is below its target
+(:data:`eagle_gate.sim.workloads.ALTERNATING_TARGETS`, by sync) is marked
+``(miss)``. ``--seed-start``, ``--quick`` and ``--policy`` apply as for
+``--suite``.
 """
 
 from __future__ import annotations
@@ -39,6 +54,9 @@ from eagle_gate.sim.baselines import OracleMean
 from eagle_gate.sim.engine import Simulator
 from eagle_gate.sim.profiles import BUILTIN_PROFILES, get_profile
 from eagle_gate.sim.workloads import (
+    ALTERNATING_TARGETS,
+    SuiteRow,
+    alternating_rows,
     close_scenarios,
     grid_scenarios,
     mix_scenarios,
@@ -93,13 +111,19 @@ def load_policy(spec: str):
     return getattr(module, cls)
 
 
-def suite(make, seeds: range, quick: bool) -> list[dict]:
-    """Run the policy suite; one dict of figures per row."""
+def suite(make, seeds: range, rows: list[SuiteRow]) -> list[dict]:
+    """Run ``rows`` (those of :func:`policy_suite` or
+    :func:`alternating_rows`) over ``seeds``; one dict of figures per row:
+    the policy's ratio to ``oracle-mean`` (mean, worst seed, per seed) and to
+    the better fixed mode, the fixed modes' ratios to ``oracle-mean``,
+    switches, explored time share, and the rows' draft sync."""
     out = []
-    for name, prof, scenario in policy_suite(quick):
-        om, best, sw, expl = [], [], [], []
+    for name, prof, scenario in rows:
+        om, best, sw, expl, never_om, always_om = [], [], [], [], [], []
+        sync = None
         for seed in seeds:
             sc = scenario(seed * SEED_STRIDE)
+            sync = sc.draft_sync
             tok = {}
             for key, factory in (
                 ("always", AlwaysSpec),
@@ -109,6 +133,8 @@ def suite(make, seeds: range, quick: bool) -> list[dict]:
                 tok[key] = Simulator(prof, sc).run(factory()).tok_s
             res = Simulator(prof, sc).run(make())
             om.append(res.tok_s / tok["oracle-mean"])
+            never_om.append(tok["never"] / tok["oracle-mean"])
+            always_om.append(tok["always"] / tok["oracle-mean"])
             best.append(res.tok_s / max(tok["always"], tok["never"]))
             sw.append(res.switches or 0)
             expl.append((res.explored_s or 0.0) / res.clock_s)
@@ -121,6 +147,9 @@ def suite(make, seeds: range, quick: bool) -> list[dict]:
                 "switches": statistics.mean(sw),
                 "explored": statistics.mean(expl),
                 "om": om,
+                "never_om": statistics.mean(never_om),
+                "always_om": statistics.mean(always_om),
+                "sync": sync,
             }
         )
     return out
@@ -152,9 +181,43 @@ def print_suite(rows: list[dict], seeds: range) -> None:
     )
 
 
+def print_alternating(rows: list[dict], seeds: range, policy: str) -> None:
+    print(
+        f"alternating acceptance, seeds {seeds.start}..{seeds.stop - 1}: "
+        f"{policy} / oracle-mean (mean, worst seed), always-PLAIN and "
+        "always-SPEC / oracle-mean, switches per run, explored time share; "
+        "(miss): mean below the target "
+        + ", ".join(f"{k} {v}" for k, v in ALTERNATING_TARGETS.items())
+    )
+    print()
+    print(
+        "| row | target | mean/oracle-mean | worst seed | PLAIN/oracle-mean "
+        "| SPEC/oracle-mean | switches | explored time |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    misses = 0
+    for r in rows:
+        target = ALTERNATING_TARGETS[r["sync"]]
+        miss = r["om_mean"] < target
+        misses += miss
+        flag = " (miss)" if miss else ""
+        print(
+            f"| {r['row']}{flag} | {target:.2f} | {r['om_mean']:.4f} | "
+            f"{r['om_worst']:.4f} | {r['never_om']:.4f} | {r['always_om']:.4f} | "
+            f"{r['switches']:.1f} | {r['explored']:.2%} |"
+        )
+    print()
+    print(
+        f"rows below their target: {misses} of {len(rows)}; mean over rows: "
+        f"{statistics.mean(r['om_mean'] for r in rows):.4f} x oracle-mean"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument(
+        "--seeds", type=int, help="seeds per row (default 5; 3 with --alternating)"
+    )
     ap.add_argument("--profile", action="append", choices=sorted(BUILTIN_PROFILES))
     ap.add_argument("--workload", action="append")
     ap.add_argument("--quick", action="store_true")
@@ -162,14 +225,25 @@ def main() -> None:
     ap.add_argument(
         "--suite", action="store_true", help="the policy suite (docs/goodput.md)"
     )
+    ap.add_argument(
+        "--alternating",
+        action="store_true",
+        help="the alternating-acceptance rows (sim.workloads.alternating_rows)",
+    )
     ap.add_argument("--seed-start", type=int, default=0)
     ap.add_argument("--policy", help="FILE:CLASS to run instead of goodput")
     args = ap.parse_args()
-    if args.suite:
+    if args.seeds is None:
+        args.seeds = 3 if args.alternating else 5
+    if args.suite or args.alternating:
         t0 = time.perf_counter()
         make = load_policy(args.policy) if args.policy else Goodput
         seeds = range(args.seed_start, args.seed_start + args.seeds)
-        print_suite(suite(make, seeds, args.quick), seeds)
+        if args.alternating:
+            figures = suite(make, seeds, alternating_rows(args.quick))
+            print_alternating(figures, seeds, args.policy or "goodput")
+        else:
+            print_suite(suite(make, seeds, policy_suite(args.quick)), seeds)
         print(f"({time.perf_counter() - t0:.0f} s)")
         return
     t0 = time.perf_counter()
