@@ -66,8 +66,14 @@ _CHECK_EVERY = 4
 _CREDIT_PROBES = 2.0
 #: a prediction of the accept length from the PLAIN side counts as this
 #: many requests: a model's guess (the depth profile, an offset assumed
-#: constant), which the next SPEC samples soon outweigh.
-_PREDICTED_REQUESTS = 4.0
+#: constant); where the next SPEC samples lean away from it, the probe goes
+#: on (_LEAN) until they outweigh it.
+_PREDICTED_REQUESTS = 16.0
+#: a SPEC probe goes on while its samples lean towards a rise: the change
+#: test's sum above this (an eighth of the way to a restart).
+_LEAN = 2.0
+#: weight of one interval between acceptance changes in their EMA.
+_GAP_WEIGHT = 0.25
 #: at least this many steps between switches: a decision's outcome arrives
 #: up to two steps late, plus the step that acts on it.
 _MIN_DWELL = 3
@@ -85,7 +91,8 @@ class Goodput:
         "_req_plain", "_accept", "_s", "_resync_rel", "_switch_rel",
         "_n_resync", "_dwell", "_margin", "_switch_step", "_entry_step",
         "_last", "_probe_left", "_probe_mode", "_credit", "_credit_cap",
-        "_decided", "_probed", "_prev_mode", "_next_check",
+        "_decided", "_probed", "_prev_mode", "_next_check", "_lean",
+        "_change_step", "_change_gap", "_refill",
     )  # fmt: skip
 
     def __init__(
@@ -136,6 +143,10 @@ class Goodput:
         self._credit = self._credit_cap = 0.0  # probe budget (seconds)
         self._n_resync = self._probe_left = self._next_check = 0
         self._decided = self._probed = 0
+        self._lean = False  # a SPEC probe leans towards a rise (go on)
+        self._refill = False  # the PLAIN side detected a change (decide pays)
+        self._change_step = -1  # the last detected acceptance change
+        self._change_gap = 0.0  # steps between changes (0: fewer than two)
 
     # -- deciding -------------------------------------------------------------
 
@@ -190,6 +201,20 @@ class Goodput:
             self.home = away
             self.switches += 1
             return away
+        if self._lean:
+            # a SPEC probe's samples lean towards a rise of acceptance (the
+            # change test is _LEAN of the way to a restart): go on probing
+            # while the budget pays and the test leans, until it restarts the
+            # estimate; only where the rise (the mean of the samples since
+            # the lean began) would turn the decision. A probe where nothing
+            # changed rarely leans.
+            self._lean = False
+            acc = self._acc
+            if home is _PLAIN and acc.up_s * t_h >= acc.up_n * t_a * (1.0 - margin):
+                n = self.probe_steps
+                long_cost = (_LONG_PROBE * n + self._resync_rel) * t_a
+                if self._afford((n + self._switch_rel) * t_a, 0.0, long_cost):
+                    return self._probe(_SPEC, n)
         # a probe? looked at every _CHECK_EVERY steps, when the budget could
         # pay for a short one
         if step >= self._next_check and self._credit >= self._credit_cap * (
@@ -205,7 +230,16 @@ class Goodput:
             if home is _PLAIN:  # acceptance is part of what SPEC's estimate lacks
                 se2 += self._acc_rel_var()
             g = gain - margin
-            if g * g < _Z_PROBE * _Z_PROBE * se2:
+            uncertain = g * g < _Z_PROBE * _Z_PROBE * se2
+            if self._refill:
+                # a change the PLAIN side detected refills the budget only
+                # where the moved estimate leaves the call uncertain: at
+                # batch 128, where SPEC loses at any acceptance seen, the
+                # refill bought long probes that could not pay
+                self._refill = False
+                if uncertain:
+                    self._credit = self._credit_cap
+            if uncertain:
                 # uncertain: a long probe (more samples per resync); a short
                 # first look where the other mode never ran at such a batch
                 if not far:
@@ -215,11 +249,25 @@ class Goodput:
                 # loss is at most explore_cost of the time since the last
                 # sample; keep one uncertain probe's worth of budget
                 age = step - self._last[away]
-                if age < self.stale_steps:
-                    return home
-                lost = n * t_a * (1.0 - math.exp(-gain)) + rr
-                if lost > self.explore_cost * age * t_h:
-                    return home
+                gap = self._change_gap
+                if home is _PLAIN and self._p1_ref == 0.0 and gap:
+                    # blind (lazy or none sync: PLAIN steps say nothing of
+                    # acceptance) where acceptance has been changing: a
+                    # two-step look (the second is timed; one that leans
+                    # goes on) once the expected loss of not looking (a
+                    # change every ``gap`` steps, of this gain's size, seen
+                    # ``age`` steps late) outgrows the look's loss:
+                    # age ** 2 * gain / 2 / gap > lost (in steps)
+                    n = 2
+                    lost = n * t_a * (1.0 - math.exp(-gain)) + rr
+                    if age * age * gain * t_h < 2.0 * gap * lost:
+                        return home
+                else:
+                    if age < self.stale_steps:
+                        return home
+                    lost = n * t_a * (1.0 - math.exp(-gain)) + rr
+                    if lost > self.explore_cost * age * t_h:
+                        return home
                 reserve = long_cost
             if not self._afford(n * t_a + rr, reserve, long_cost):
                 return home
@@ -275,11 +323,14 @@ class Goodput:
             if prev is not _SPEC:
                 self._rebase(acc)
             if acc.add(outcome.tokens / b, b):
+                self._changed(outcome.step)
                 # SPEC saw a change: the PLAIN-side agreement describes the
                 # old acceptance, so it is re-anchored on the next PLAIN
                 # steps (else that change counts twice when PLAIN runs)
                 self._p1.forget()
                 self._p1_ref = 0.0
+            elif acc.up > _LEAN and self.home is _PLAIN:
+                self._lean = True
             self._first_spec += b - outcome.accept_lens.count(1)
             self._req_spec += b
             # the acceptance as measured, and the PLAIN-side first-position
@@ -311,15 +362,18 @@ class Goodput:
                 self._req_plain += b
                 p1 = self._p1
                 changed = p1.add(m / b, b)
+                if changed:
+                    self._changed(outcome.step)
                 if self._p1_ref == 0.0 and p1.n >= FAST_REQUESTS:
                     self._p1_ref = p1.slow  # anchored: the SPEC estimate's
                 elif self._p1_ref > 0.0:
                     self._update_accept(p1.slow, changed)
                     if changed and self.home is _PLAIN:
                         # SPEC's estimate moved without a SPEC sample: the
-                        # probe that checks it is paid now, not in ~1,000
-                        # steps of budget (a long SPEC probe at batch 1)
-                        self._credit = self._credit_cap
+                        # probe that checks it is paid now (not in ~1,000
+                        # steps of budget, a long SPEC probe at batch 1),
+                        # where it can turn the decision (decide says)
+                        self._refill = True
             if dt is None or dt <= 0.0:
                 return
             fit = self._times[1]
@@ -328,6 +382,17 @@ class Goodput:
         self._credit += self.max_explore_share * dt
         if self._credit > self._credit_cap:
             self._credit = self._credit_cap
+
+    def _changed(self, step: int) -> None:
+        """An acceptance change was detected at ``step``: the steps between
+        changes (an EMA) say how often a blind look is worth its loss."""
+        last = self._change_step
+        self._change_step = step
+        if last < 0:
+            return
+        g = step - last
+        gap = self._change_gap
+        self._change_gap = g if gap == 0.0 else gap + _GAP_WEIGHT * (g - gap)
 
     def _update_accept(self, p_now: float, changed: bool) -> None:
         """The decision's acceptance while PLAIN runs: the SPEC steps' accept
