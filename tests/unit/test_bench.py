@@ -25,7 +25,8 @@ from eagle_gate.bench.runner import (
     parse_concurrency,
     parse_server,
 )
-from eagle_gate.sim.profiles import SEED_PCIE_TP8, load_profile_file
+from eagle_gate.sim.profile_files import load_profile_file
+from eagle_gate.sim.profiles import SEED_PCIE_TP8
 
 # a copy of shared/data/seed-pcie-tp8.json, the reference measurements
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "seed-pcie-tp8.json"

@@ -171,7 +171,7 @@ def derive_profile(
     :func:`eagle_gate.sim.profiles.profile_from_mapping`; ``report`` says what
     was used and how well the calibrated simulation matches each level.
     """
-    from eagle_gate.sim.profiles import profile_from_mapping
+    from eagle_gate.sim.profile_files import profile_from_mapping
 
     ps, ss = _pick(doc, plain, spec)
     p_runs, s_runs = _ok_runs(doc, ps["name"]), _ok_runs(doc, ss["name"])
@@ -288,7 +288,7 @@ def derive_profile(
 def _simulate(mapping: Mapping[str, Any], c: int, policy: str, quick: bool) -> float:
     from eagle_gate.policies import AlwaysSpec, NeverSpec
     from eagle_gate.sim.engine import Scenario, Segment, Simulator
-    from eagle_gate.sim.profiles import profile_from_mapping
+    from eagle_gate.sim.profile_files import profile_from_mapping
     from eagle_gate.sim.workloads import grid_steps
 
     prof = profile_from_mapping(mapping)

@@ -6,11 +6,11 @@ the user profile file format.
 """
 
 from eagle_gate.sim.engine import Scenario, Segment, SimResult, Simulator, run_policy
+from eagle_gate.sim.profile_files import load_profile_file
 from eagle_gate.sim.profiles import (
     BUILTIN_PROFILES,
     Profile,
     get_profile,
-    load_profile_file,
 )
 
 __all__ = [

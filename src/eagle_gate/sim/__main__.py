@@ -26,11 +26,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from eagle_gate.sim.profile_files import load_profile_file
 from eagle_gate.sim.profiles import (
     BUILTIN_PROFILES,
     CLOSE_PROFILES,
     get_profile,
-    load_profile_file,
 )
 from eagle_gate.sim.report import format_table, run_profile, write_plot
 from eagle_gate.sim.workloads import WORKLOADS
