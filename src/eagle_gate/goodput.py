@@ -237,7 +237,7 @@ class Goodput:
                 # batch 128, where SPEC loses at any acceptance seen, the
                 # refill bought long probes that could not pay
                 self._refill = False
-                if uncertain:
+                if uncertain and home is _PLAIN:  # (it buys SPEC samples)
                     self._credit = self._credit_cap
             if uncertain:
                 # uncertain: a long probe (more samples per resync); a short
