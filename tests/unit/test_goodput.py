@@ -614,3 +614,66 @@ def test_module_fits_on_a_page_and_names_its_constants():
     init = src.split("def __init__")[1].split("def decide")[0]
     assert "self.ema_alpha" not in init  # read nowhere: deprecated
     assert "sglang" not in src and "import torch" not in src
+
+
+# -- under change: moderate shifts, blind syncs ---------------------------------
+
+
+def _geometric(alpha_of, seed):
+    """Accept lengths per SPEC step as real requests give them (a geometric
+    draw per step, capped at 4), with the step's acceptance ``alpha_of(i)``."""
+    rng = random.Random(seed)
+
+    def acc(i):
+        j = int(math.log(1.0 - rng.random()) / math.log(alpha_of(i)))
+        return min(j + 1, 4)
+
+    return acc
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_moderate_agreement_rise_at_batch_4_is_seen_within_tens_of_steps(seed):
+    """First-position agreement 0.5 -> 0.88 while PLAIN runs at batch 4
+    (SPEC then ~28% ahead): a shift of 0.76 per-request standard deviations.
+    The change test (a CUSUM) shows it in a few dozen steps; the earlier
+    fast/slow pair of means never reached its 4 standard errors and left the
+    policy in PLAIN for thousands of steps (making ``_CUSUM_H`` unreachable
+    reproduces that)."""
+
+    def alpha(i):
+        return 0.5 if i < 3000 else 0.88
+
+    ratio = 2.6  # SPEC step in PLAIN steps
+    pol = Goodput(initial_mode="plain")
+    modes, _ = drive(
+        pol, 4500, 4, _TP1, _TP1 * ratio, lambda i: _accept(alpha(i)),
+        resync=0.002, p1=alpha, seed=seed,
+    )  # fmt: skip
+    assert share(modes[2000:3000], Mode.PLAIN) > 0.9
+    moved = steps_to(modes, Mode.SPEC, 3000)
+    assert moved is not None and moved <= 100, moved
+
+
+def test_lazy_sync_sees_a_rise_within_1000_steps():
+    """No ``draft_matches`` (lazy/none sync): acceptance 0.45 -> 0.85 at
+    batch 1 while PLAIN runs is seen only through SPEC probes. The change
+    test (a CUSUM) keeps its evidence from one stale probe to the next, so a
+    few probes restart the estimate: the median over 10 seeds is a few
+    hundred steps (before: ~3,700, some never within 6,000; with
+    ``_CUSUM_H`` unreachable this fails). That a probe leaning towards the
+    rise goes on is what follows *frequent* changes: the alternating lazy
+    rows (tests/unit/test_alternating.py) miss without it."""
+    counts = []
+    for seed in range(10):
+
+        def alpha(i):
+            return 0.45 if i < 3000 else 0.85
+
+        pol = Goodput(initial_mode="plain")
+        modes, _ = drive(
+            pol, 9000, 1, _TP1, _TS1, _geometric(alpha, 100 + seed),
+            resync=0.004, p1=None, seed=seed,
+        )  # fmt: skip
+        moved = steps_to(modes, Mode.SPEC, 3000)
+        counts.append(6000 if moved is None else moved)
+    assert sorted(counts)[len(counts) // 2] <= 1000, counts
