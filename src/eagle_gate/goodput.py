@@ -1,28 +1,15 @@
 """The ``goodput`` policy: run the mode that emits more output tokens/second.
 
-What it does, its settings and results: docs/goodput.md. Three estimates
-(the estimators are in :mod:`eagle_gate.goodput_estimates`):
-
-* acceptance ``A`` (tokens per request of a SPEC step) from SPEC steps, and
-  the first-position acceptance ``p1`` from PLAIN steps under eager draft
-  sync (``StepOutcome.draft_matches``), each a mean with a CUSUM that restarts
-  on a change (:class:`Level`); while PLAIN runs, ``A`` follows ``p1``'s
-  change through the draft's geometric depth profile. Lazy and none sync give
-  no ``p1``: ``A`` then moves only with SPEC probes;
-* each mode's step time as a line in the batch size, least squares with
-  forgetting (:class:`StepTime`), shared across batch sizes;
-* the draft resync, relative to a SPEC step (first SPEC step after PLAIN).
-
-One rule: run SPEC where ``log(A * t_plain(b) / t_spec(b))`` is positive,
-PLAIN where negative (beyond the resync spread over ``stale_steps``); enter
-SPEC at most once per ``dwell`` steps, so resyncs cost at most
-``switch_overhead`` of the time. Probes of the other mode are budgeted in time
-(``max_explore_share``) and taken only where its estimate is uncertain at
-this batch, or stale (``stale_steps``, ``explore_cost``).
-
-Deterministic in its inputs (no clocks, no randomness: TP ranks agree); late
-and batched outcomes are fine (no per-step state); ``interval_s=None`` skips
-the timing. Imports neither SGLang nor torch.
+How it decides, its settings and results: docs/goodput.md. Estimates (in
+:mod:`eagle_gate.goodput_estimates`): acceptance ``A`` from SPEC steps and
+the first-position agreement ``p1`` from PLAIN steps (eager sync), each a
+mean with a CUSUM that restarts on a change; each mode's step time as a line
+in the batch size; the draft resync. One rule: SPEC where
+``log(A * t_plain(b) / t_spec(b))`` beats the margin, PLAIN where it loses by
+it; probes of the other mode from a time budget, where they can turn the
+decision. Deterministic in its inputs (TP ranks agree), late and batched
+outcomes are fine, ``interval_s=None`` skips the timing; imports neither
+SGLang nor torch.
 """
 
 from __future__ import annotations
@@ -37,6 +24,7 @@ from eagle_gate.goodput_estimates import (
     StepTime,
     depth,
 )
+from eagle_gate.goodput_report import GoodputReport
 from eagle_gate.goodput_settings import GOODPUT_SETTINGS
 from eagle_gate.hookspecs import hookimpl
 from eagle_gate.policy import Mode, PolicyFactory, StepOutcome, StepView
@@ -69,9 +57,23 @@ _CREDIT_PROBES = 2.0
 #: constant); where the next SPEC samples lean away from it, the probe goes
 #: on (_LEAN) until they outweigh it.
 _PREDICTED_REQUESTS = 16.0
+#: a stay in SPEC shorter than this many steps is thrashing (a batch
+#: moving 31 <-> 32 across a line's noise entered SPEC every few steps):
+#: each raises the gain SPEC must show to be entered by _EXTRA_STEP (log),
+#: up to _EXTRA_CAP; a longer stay resets it.
+_SHORT_STAY = 16
+_EXTRA_STEP = 0.005
+_EXTRA_CAP = 0.03
 #: a SPEC probe goes on while its samples lean towards a rise: the change
 #: test's sum above this (an eighth of the way to a restart).
 _LEAN = 2.0
+#: a SPEC-side restart the PLAIN side contradicts by more than this many
+#: standard errors (squared) is replaced by the PLAIN side's view (2.5: two
+#: estimates disagree, not one against noise).
+_Z_ANCHOR2 = 2.5 * 2.5
+#: PLAIN-side requests behind the new reference before it checks a change
+#: the SPEC side detected (a ratio of two noisy agreements is noisy).
+_CHECK_REQUESTS = 64.0
 #: weight of one interval between acceptance changes in their EMA.
 _GAP_WEIGHT = 0.25
 #: at least this many steps between switches: a decision's outcome arrives
@@ -79,7 +81,7 @@ _GAP_WEIGHT = 0.25
 _MIN_DWELL = 3
 
 
-class Goodput:
+class Goodput(GoodputReport):
     """Run whichever of SPEC and PLAIN is measured to emit more tokens/second."""
 
     name = "goodput"
@@ -92,7 +94,8 @@ class Goodput:
         "_n_resync", "_dwell", "_margin", "_switch_step", "_entry_step",
         "_last", "_probe_left", "_probe_mode", "_credit", "_credit_cap",
         "_decided", "_probed", "_prev_mode", "_next_check", "_lean",
-        "_change_step", "_change_gap", "_refill",
+        "_change_step", "_change_gap", "_refill", "_check_a", "_check_p",
+        "_spec_since", "_entry_extra",
     )  # fmt: skip
 
     def __init__(
@@ -145,6 +148,10 @@ class Goodput:
         self._decided = self._probed = 0
         self._lean = False  # a SPEC probe leans towards a rise (go on)
         self._refill = False  # the PLAIN side detected a change (decide pays)
+        # the SPEC estimate and PLAIN reference before a SPEC-side change
+        self._check_a = self._check_p = 0.0
+        self._spec_since = 0  # SPEC requests measured since SPEC was entered
+        self._entry_extra = 0.0  # gain beyond the margin SPEC must show
         self._change_step = -1  # the last detected acceptance change
         self._change_gap = 0.0  # steps between changes (0: fewer than two)
 
@@ -193,21 +200,29 @@ class Goodput:
             gain < -margin
             and not far  # (there a probe comes first)
             and step - self._switch_step >= _MIN_DWELL
-            and (away is _PLAIN or step - self._entry_step >= self._dwell)
+            and (
+                away is _PLAIN
+                or step - self._entry_step >= self._dwell
+                and gain < -margin - self._entry_extra
+            )
         ):
             self._switch_step = step
             if away is _SPEC:
                 self._entry_step = step
+                self._spec_since = 0
+            elif step - self._entry_step < _SHORT_STAY:  # thrashing: enter
+                self._entry_extra += _EXTRA_STEP  # SPEC only for more
+                if self._entry_extra > _EXTRA_CAP:
+                    self._entry_extra = _EXTRA_CAP
+            else:
+                self._entry_extra = 0.0
             self.home = away
             self.switches += 1
             return away
         if self._lean:
-            # a SPEC probe's samples lean towards a rise of acceptance (the
-            # change test is _LEAN of the way to a restart): go on probing
-            # while the budget pays and the test leans, until it restarts the
-            # estimate; only where the rise (the mean of the samples since
-            # the lean began) would turn the decision. A probe where nothing
-            # changed rarely leans.
+            # a SPEC probe leans towards a rise (its CUSUM past _LEAN): go on
+            # while the budget pays, where that rise (the mean since the lean
+            # began) would turn the decision
             self._lean = False
             acc = self._acc
             if home is _PLAIN and acc.up_s * t_h >= acc.up_n * t_a * (1.0 - margin):
@@ -230,12 +245,13 @@ class Goodput:
             if home is _PLAIN:  # acceptance is part of what SPEC's estimate lacks
                 se2 += self._acc_rel_var()
             g = gain - margin
-            uncertain = g * g < _Z_PROBE * _Z_PROBE * se2
-            if self._refill:
-                # a change the PLAIN side detected refills the budget only
-                # where the moved estimate leaves the call uncertain: at
-                # batch 128, where SPEC loses at any acceptance seen, the
-                # refill bought long probes that could not pay
+            # (not from SPEC before it measured FAST_REQUESTS requests since
+            # the switch to it: a PLAIN probe then puts off the samples the
+            # switch was for, while the PLAIN side moves the estimate again)
+            uncertain = g * g < _Z_PROBE * _Z_PROBE * se2 and (
+                home is _PLAIN or self._spec_since >= FAST_REQUESTS
+            )
+            if self._refill:  # a PLAIN-side change: refill where it can pay
                 self._refill = False
                 if uncertain and home is _PLAIN:  # (it buys SPEC samples)
                     self._credit = self._credit_cap
@@ -251,13 +267,9 @@ class Goodput:
                 age = step - self._last[away]
                 gap = self._change_gap
                 if home is _PLAIN and self._p1_ref == 0.0 and gap:
-                    # blind (lazy or none sync: PLAIN steps say nothing of
-                    # acceptance) where acceptance has been changing: a
-                    # two-step look (the second is timed; one that leans
-                    # goes on) once the expected loss of not looking (a
-                    # change every ``gap`` steps, of this gain's size, seen
-                    # ``age`` steps late) outgrows the look's loss:
-                    # age ** 2 * gain / 2 / gap > lost (in steps)
+                    # blind (lazy/none sync) where acceptance changes: a
+                    # two-step look once not looking (a change per ``gap``
+                    # steps, seen ``age`` late) loses more than the look
                     n = 2
                     lost = n * t_a * (1.0 - math.exp(-gain)) + rr
                     if age * age * gain * t_h < 2.0 * gap * lost:
@@ -322,11 +334,16 @@ class Goodput:
             acc = self._acc
             if prev is not _SPEC:
                 self._rebase(acc)
+            before = acc.slow
+            self._spec_since += b
             if acc.add(outcome.tokens / b, b):
                 self._changed(outcome.step)
                 # SPEC saw a change: the PLAIN-side agreement describes the
                 # old acceptance, so it is re-anchored on the next PLAIN
-                # steps (else that change counts twice when PLAIN runs)
+                # steps (else that change counts twice when PLAIN runs),
+                # where it checks the change (see _check)
+                self._check_a = before
+                self._check_p = self._p1_ref
                 self._p1.forget()
                 self._p1_ref = 0.0
             elif acc.up > _LEAN and self.home is _PLAIN:
@@ -365,8 +382,10 @@ class Goodput:
                 if changed:
                     self._changed(outcome.step)
                 if self._p1_ref == 0.0 and p1.n >= FAST_REQUESTS:
-                    self._p1_ref = p1.slow  # anchored: the SPEC estimate's
+                    self._p1_ref = p1.slow  # anchored (checked below)
                 elif self._p1_ref > 0.0:
+                    if self._check_p and p1.n >= _CHECK_REQUESTS:
+                        self._check(p1)
                     self._update_accept(p1.slow, changed)
                     if changed and self.home is _PLAIN:
                         # SPEC's estimate moved without a SPEC sample: the
@@ -411,6 +430,31 @@ class Goodput:
             acc.restart(a, _PREDICTED_REQUESTS)
             self._p1_ref = p_now
 
+    def _check(self, p1: Level) -> None:
+        """A change the SPEC side detected, checked against the PLAIN side
+        once it has ``_CHECK_REQUESTS`` requests behind its new reference:
+        the agreement before the change and the acceptance it went with say
+        what the change should look like now. Where the SPEC side's restart
+        (a few requests at batch 1) lies beyond both estimates' noise from
+        that, it was a false alarm or undershot, and the estimate restarts
+        from the PLAIN side's view (a false restart to 1.25 in a phase at
+        3.1 left the policy in PLAIN for ~1,000 steps)."""
+        q = self._check_p
+        self._check_p = 0.0
+        p = p1.slow
+        s = self._s
+        acc = self._acc
+        a = 1.0 + (self._check_a - 1.0) * (depth(p, s) / depth(q, s))
+        d = a - acc.slow
+        # the prediction's noise: both agreements' (the older one taken as
+        # noisy as this), through the depth profile's elasticity (<= 2)
+        e = (a - 1.0) / p
+        v = acc.var / acc.n + 8.0 * e * e * p1.var / p1.n
+        if d * d > _Z_ANCHOR2 * v:
+            acc.restart(a, _PREDICTED_REQUESTS)
+            self._accept = a
+            self._p1_ref = p
+
     def _rebase(self, acc: Level) -> None:
         """First SPEC step after PLAIN: where the PLAIN side moved the
         decision's acceptance beyond the SPEC estimate's noise, restart that
@@ -439,48 +483,6 @@ class Goodput:
         self._switch_rel = rr
         self._dwell = max(_MIN_DWELL, math.ceil(rr / self.switch_overhead))
         self._margin = rr / self.stale_steps
-
-    # -- reporting ------------------------------------------------------------
-
-    @property
-    def explored_share(self) -> float:
-        """Share of the decided steps that were probes."""
-        return self._probed / self._decided if self._decided else 0.0
-
-    def estimates(self) -> dict[str, float]:
-        """What the policy believes (the runtime's optional contract)."""
-        sp, pl = self._times
-        out = {
-            "accept_length": float(self._accept),
-            "accept_length_spec": float(self._acc.slow),
-            "first_accept_spec": float(self._first_spec / (self._req_spec or 1)),
-            "first_accept_plain": float(self._first_plain / (self._req_plain or 1)),
-            "first_accept_plain_now": float(self._p1.slow),
-            "acceptance_restarts": float(self._acc.restarts + self._p1.restarts),
-            "resync_rel": float(self._resync_rel),
-            "switch_rel": float(self._switch_rel),
-            "dwell_steps": float(self._dwell),
-            "explored_share": float(self.explored_share),
-            "switches": float(self.switches),
-            "spec_home": float(self.home is _SPEC),
-        }
-        for name, fit in (("spec", sp), ("plain", pl)):
-            if fit.w > 0.0:
-                out[f"{name}_step_s_at_mean_batch"] = float(fit.predict(round(fit.mb)))
-                out[f"{name}_mean_batch"] = float(fit.mb)
-        return out
-
-    def predicted_plain_rate(self, view: StepView) -> float | None:
-        """Output tokens/s of one PLAIN step for a batch like ``view`` (for
-        shadow mode); None while PLAIN was never timed. Never raises."""
-        try:
-            fit = self._times[1]
-            b = view.batch_size
-            if fit.w == 0.0 or b <= 0:
-                return None
-            return b / fit.predict(b)
-        except Exception:
-            return None
 
 
 @hookimpl
