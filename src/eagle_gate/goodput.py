@@ -57,13 +57,12 @@ _CREDIT_PROBES = 2.0
 #: constant); where the next SPEC samples lean away from it, the probe goes
 #: on (_LEAN) until they outweigh it.
 _PREDICTED_REQUESTS = 16.0
-#: a stay in SPEC shorter than this many steps is thrashing (a batch
-#: moving 31 <-> 32 across a line's noise entered SPEC every few steps):
-#: each raises the gain SPEC must show to be entered by _EXTRA_STEP (log),
-#: up to _EXTRA_CAP; a longer stay resets it.
-_SHORT_STAY = 16
-_EXTRA_STEP = 0.005
-_EXTRA_CAP = 0.03
+#: weight of one stay in SPEC in their EMA: entering SPEC must gain its
+#: resync back within the stays seen (at most ``stale_steps``): a batch that
+#: leaves SPEC's range within 4 steps does not pay a resync of 3 SPEC steps
+#: back, and a batch moving 31 <-> 32 across a line's noise entered SPEC
+#: every few steps.
+_STAY_WEIGHT = 0.25
 #: a SPEC probe goes on while its samples lean towards a rise: the change
 #: test's sum above this (an eighth of the way to a restart).
 _LEAN = 2.0
@@ -95,7 +94,7 @@ class Goodput(GoodputReport):
         "_last", "_probe_left", "_probe_mode", "_credit", "_credit_cap",
         "_decided", "_probed", "_prev_mode", "_next_check", "_lean",
         "_change_step", "_change_gap", "_refill", "_check_a", "_check_p",
-        "_spec_since", "_entry_extra",
+        "_stay",
     )  # fmt: skip
 
     def __init__(
@@ -150,8 +149,7 @@ class Goodput(GoodputReport):
         self._refill = False  # the PLAIN side detected a change (decide pays)
         # the SPEC estimate and PLAIN reference before a SPEC-side change
         self._check_a = self._check_p = 0.0
-        self._spec_since = 0  # SPEC requests measured since SPEC was entered
-        self._entry_extra = 0.0  # gain beyond the margin SPEC must show
+        self._stay = float(self.stale_steps)  # steps a SPEC stay lasts
         self._change_step = -1  # the last detected acceptance change
         self._change_gap = 0.0  # steps between changes (0: fewer than two)
 
@@ -203,19 +201,16 @@ class Goodput(GoodputReport):
             and (
                 away is _PLAIN
                 or step - self._entry_step >= self._dwell
-                and gain < -margin - self._entry_extra
+                and gain * self._stay < -self._switch_rel
             )
         ):
             self._switch_step = step
             if away is _SPEC:
                 self._entry_step = step
-                self._spec_since = 0
-            elif step - self._entry_step < _SHORT_STAY:  # thrashing: enter
-                self._entry_extra += _EXTRA_STEP  # SPEC only for more
-                if self._entry_extra > _EXTRA_CAP:
-                    self._entry_extra = _EXTRA_CAP
-            else:
-                self._entry_extra = 0.0
+            else:  # how long SPEC stays, once entered (an EMA)
+                stay = self._stay
+                stay += _STAY_WEIGHT * (step - self._entry_step - stay)
+                self._stay = stay if stay < self.stale_steps else self.stale_steps
             self.home = away
             self.switches += 1
             return away
@@ -245,11 +240,11 @@ class Goodput(GoodputReport):
             if home is _PLAIN:  # acceptance is part of what SPEC's estimate lacks
                 se2 += self._acc_rel_var()
             g = gain - margin
-            # (not from SPEC before it measured FAST_REQUESTS requests since
-            # the switch to it: a PLAIN probe then puts off the samples the
-            # switch was for, while the PLAIN side moves the estimate again)
+            # (not from SPEC while its acceptance rests mostly on a PLAIN-side
+            # prediction: a PLAIN probe then puts off the SPEC samples that
+            # would settle it, while the PLAIN side moves it again)
             uncertain = g * g < _Z_PROBE * _Z_PROBE * se2 and (
-                home is _PLAIN or self._spec_since >= FAST_REQUESTS
+                home is _PLAIN or self._acc.n >= 2.0 * _PREDICTED_REQUESTS
             )
             if self._refill:  # a PLAIN-side change: refill where it can pay
                 self._refill = False
@@ -335,7 +330,6 @@ class Goodput(GoodputReport):
             if prev is not _SPEC:
                 self._rebase(acc)
             before = acc.slow
-            self._spec_since += b
             if acc.add(outcome.tokens / b, b):
                 self._changed(outcome.step)
                 # SPEC saw a change: the PLAIN-side agreement describes the
