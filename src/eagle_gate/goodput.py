@@ -131,7 +131,8 @@ class Goodput(GoodputReport):
         self.switches = 0
         self._times = (StepTime(), StepTime())  # indexed by Mode
         self._acc = Level()  # tokens per request of a SPEC step
-        self._p1 = Level()  # first-position acceptance, PLAIN side (eager)
+        self._p1 = Level(0.25)  # first-position agreement, PLAIN side (eager;
+        # a 0/1 sample per request: variance at most 1/4)
         self._p1_ref = 0.0  # _p1 at the last SPEC step (0: too few samples)
         # lifetime first-position counts, SPEC and PLAIN side (reporting)
         self._first_spec = self._req_spec = self._first_plain = self._req_plain = 0

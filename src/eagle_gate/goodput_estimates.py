@@ -79,9 +79,9 @@ class Level:
     __slots__ = ("slow", "n", "var", "restarts", "up", "up_s", "up_n", "dn",
                  "dn_s", "dn_n")  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, var: float = 1.0) -> None:
         self.slow = self.n = 0.0
-        self.var = 1.0  # per-request variance (replaced by measurement)
+        self.var = var  # per-request variance (a prior, then measured)
         self.restarts = 0
         self.up = self.up_s = self.up_n = self.dn = self.dn_s = self.dn_n = 0.0
 

@@ -672,3 +672,55 @@ def test_lazy_sync_sees_a_rise_within_1000_steps():
         moved = steps_to(modes, Mode.SPEC, 3000)
         counts.append(6000 if moved is None else moved)
     assert sorted(counts)[len(counts) // 2] <= 1000, counts
+
+
+def test_blind_looks_come_as_often_as_acceptance_changes():
+    """Lazy sync (no ``draft_matches``), acceptance flipping 0.88 <-> 0.5
+    every 300 steps at batch 4: once changes have been seen, looks at SPEC
+    from PLAIN come when not looking loses more than the look (a change per
+    ~300 steps), well within the 256 steps of the stale rule; without the
+    blind looks (the stale rule alone) they are >= 256 apart."""
+
+    def alpha(i):
+        return 0.88 if (i // 300) % 2 == 0 else 0.5
+
+    pol = Goodput()
+    modes, _ = drive(
+        pol, 6000, 4, _TP1, _TP1 * 2.6, _geometric(alpha, 7),
+        resync=0.002, p1=None, seed=3,
+    )  # fmt: skip
+    starts = [
+        i
+        for i in range(1, len(modes))
+        if modes[i] is Mode.SPEC and modes[i - 1] is Mode.PLAIN and alpha(i) == 0.5
+    ]
+    gaps = [
+        b - a
+        for a, b in zip(starts, starts[1:], strict=False)
+        if (a // 300) == (b // 300)
+    ]
+    assert gaps and sorted(gaps)[len(gaps) // 2] < 200, (gaps, starts[:20])
+
+
+def test_a_false_spec_side_restart_is_checked_by_the_plain_side():
+    """Eager sync, acceptance steady at 0.85 (SPEC ~23% ahead at batch 1):
+    nine SPEC steps accept nothing (a stretch of text the draft cannot
+    follow), the SPEC side restarts its estimate low and the policy goes to
+    PLAIN. The PLAIN side's agreement never moved: once 64 PLAIN requests
+    stand behind it, it contradicts the restart and the policy returns to
+    SPEC within ~100 steps. Without the check (``_Z_ANCHOR2`` unreachable) it
+    waits for a long SPEC probe's budget, ~1,000 steps."""
+    rng = random.Random(5)
+
+    def acc(i):
+        if 3000 <= i < 3009:
+            return 1
+        j = int(math.log(1.0 - rng.random()) / math.log(0.85))
+        return min(j + 1, 4)
+
+    pol = Goodput()
+    modes, _ = drive(pol, 5000, 1, _TP1, _TS1, acc, resync=0.004, p1=0.85, seed=5)
+    assert share(modes[1000:2800], Mode.SPEC) > 0.95
+    assert Mode.PLAIN in modes[3005:3040]  # it did restart and leave
+    back = steps_to(modes, Mode.SPEC, 3040)
+    assert back is not None and back <= 150, back
