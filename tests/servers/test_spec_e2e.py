@@ -1115,16 +1115,16 @@ def test_goodput_at_batch_1_on_a_live_server(reference, gated):
         for n in r["accept_lens"]
     ]
     assert statistics.mean(spec_lens) > 1.3, (spec_lens, est)
-    # the mode goodput settles in is the one its own estimates rated higher
-    # when it decided: replayed from the log, since the status's estimates
-    # include the last outcomes, which no decision acted on (a restart in
-    # the final steps would otherwise contradict the final decisions)
+    # the mode goodput settles in (its home: probes aside) is the one its own
+    # estimates rated higher when it decided: replayed from the log, since
+    # the status's estimates include the last outcomes, which no decision
+    # acted on (a restart in the final steps would contradict them)
     judged = []
 
     class Watched(Goodput):
         def decide(self, view):
             mode = super().decide(view)
-            judged.append((mode.name.lower(), self.estimates()))
+            judged.append((self.home.name.lower(), self.estimates()))
             return mode
 
     replayed = replay(
@@ -1146,8 +1146,9 @@ def test_goodput_at_batch_1_on_a_live_server(reference, gated):
             continue
         better = "spec" if e["accept_length"] / spec_s > 1.0 / plain_s else "plain"
         agree += mode == better
-    # a probe of the other mode may sit among the last steps
-    assert agree >= (8 - close) // 2, (judged[-8:], est)
+    # (the switch rule's margin and dwell may hold the other mode a step or
+    # two after the estimates crossed)
+    assert 2 * agree >= 8 - close, (judged[-8:], est)
 
 
 def test_goodput_with_a_huge_switch_cost_stays_put(reference, gated):
