@@ -64,7 +64,7 @@ _PREDICTED_REQUESTS = 16.0
 #: every few steps.
 _STAY_WEIGHT = 0.25
 #: a SPEC probe goes on while its samples lean towards a rise: the change
-#: test's sum above this (an eighth of the way to a restart).
+#: test's sum above this (a quarter of the way to a restart).
 _LEAN = 2.0
 #: a SPEC-side restart the PLAIN side contradicts by more than this many
 #: standard errors (squared) is replaced by the PLAIN side's view (2.5: two
