@@ -262,20 +262,21 @@ class Goodput(GoodputReport):
                 # sample; keep one uncertain probe's worth of budget
                 age = step - self._last[away]
                 gap = self._change_gap
-                if home is _PLAIN and self._p1_ref == 0.0 and gap:
-                    # blind (lazy/none sync) where acceptance changes: a
-                    # two-step look once not looking (a change per ``gap``
-                    # steps, seen ``age`` late) loses more than the look
+                # blind (lazy/none sync) where acceptance changes: a two-step
+                # look once not looking (a change per ``gap`` steps, seen
+                # ``age`` late) loses more than the look
+                blind = home is _PLAIN and self._p1_ref == 0.0 and gap
+                if blind:
                     n = 2
-                    lost = n * t_a * (1.0 - math.exp(-gain)) + rr
-                    if age * age * gain * t_h < 2.0 * gap * lost:
-                        return home
-                else:
-                    if age < self.stale_steps:
-                        return home
-                    lost = n * t_a * (1.0 - math.exp(-gain)) + rr
-                    if lost > self.explore_cost * age * t_h:
-                        return home
+                elif age < self.stale_steps:
+                    return home
+                lost = n * t_a * (1.0 - math.exp(-gain)) + rr
+                if (
+                    age * age * gain * t_h < 2.0 * gap * lost
+                    if blind
+                    else lost > self.explore_cost * age * t_h
+                ):
+                    return home
                 reserve = long_cost
             if not self._afford(n * t_a + rr, reserve, long_cost):
                 return home

@@ -80,10 +80,9 @@ class Level:
                  "dn_s", "dn_n")  # fmt: skip
 
     def __init__(self, var: float = 1.0) -> None:
-        self.slow = self.n = 0.0
         self.var = var  # per-request variance (a prior, then measured)
         self.restarts = 0
-        self.up = self.up_s = self.up_n = self.dn = self.dn_s = self.dn_n = 0.0
+        self.forget()
 
     def add(self, mean: float, b: int) -> bool:
         """Fold in ``b`` requests whose samples average ``mean``; True when
@@ -144,9 +143,9 @@ class Level:
     def restart(self, value: float, n: float = FAST_REQUESTS) -> None:
         """It changed: start the mean afresh from ``value`` (what the recent
         ``n`` requests say)."""
+        self.forget()
         self.slow = value
         self.n = n if n < _SLOW_REQUESTS else _SLOW_REQUESTS
-        self.up = self.up_s = self.up_n = self.dn = self.dn_s = self.dn_n = 0.0
         self.restarts += 1
 
 
