@@ -50,6 +50,30 @@ def plain_harness(tiny_model):
 
 
 @pytest.fixture(scope="session")
+def mtp_model(tmp_path_factory):
+    """The tiny MiMo target whose trained MTP layer is its NEXTN draft
+    (``support.trained_mtp``): target and draft are the same directory.
+    Cached like ``spec_models``."""
+    import os
+
+    import sglang_env
+    from support.model_cache import mtp_model as build
+    from support.timings import note
+    from support.trained_mtp import read_mtp_info
+
+    cache = os.environ.get("EAGLE_GATE_MODEL_CACHE")
+    root = Path(cache) if cache else tmp_path_factory.mktemp("mtp-model")
+    model, seconds = build(root)
+    info = read_mtp_info(model) or {}
+    note(
+        f"SGLang {sglang_env.version()}: trained MTP layer: offline accept length "
+        f"{info.get('accept_length')}, without its KV history "
+        f"{info.get('accept_length_no_history')} ({seconds:.0f} s)"
+    )
+    return model
+
+
+@pytest.fixture(scope="session")
 def test_plugins(tmp_path_factory):
     """The test-only policies (schedule, coin, flaky) and the example
     ``alternate``, installed into a directory servers get on PYTHONPATH."""

@@ -2,7 +2,9 @@
 
 ``spec_models(root)`` returns ``(target, draft)``: the tiny Llama target and
 the EAGLE-3 draft trained on its outputs (``support.trained_draft``), built
-under ``root`` unless already there for this target. The session fixture
+under ``root`` unless already there for this target; ``mtp_model(root)`` the
+tiny MiMo target built from it, whose trained MTP layer is its NEXTN draft
+(``support.trained_mtp``). The session fixture
 ``spec_models`` calls it; ``scripts/test.sh`` runs this module once before it
 tests the SGLang versions side by side, so the two test sessions never train
 the draft at the same time into the same directory::
@@ -32,17 +34,40 @@ def spec_models(root: Path | str) -> tuple[Path, Path, float]:
     return target, draft, time.monotonic() - t0
 
 
+def mtp_model(root: Path | str) -> tuple[Path, float]:
+    """``(model, seconds)``: the MiMo target with its MTP layer (target and
+    draft in one directory)."""
+    from support.trained_mtp import build_mimo_target
+
+    root = Path(root)
+    llama = root / "tiny-llama"
+    if not (llama / "config.json").exists():
+        from support.tiny_model import build_tiny_llama
+
+        build_tiny_llama(llama)
+    t0 = time.monotonic()
+    model = build_mimo_target(llama, root / "tiny-mimo-mtp")
+    return model, time.monotonic() - t0
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m support.model_cache CACHE_DIR", file=sys.stderr)
         return 2
     from support.trained_draft import read_draft_info
+    from support.trained_mtp import read_mtp_info
 
     target, draft, seconds = spec_models(argv[0])
     info = read_draft_info(draft) or {}
     print(
         f"models in {argv[0]}: target {target.name}, draft {draft.name} "
         f"(offline accept length {info.get('accept_length')}, {seconds:.0f} s)"
+    )
+    model, seconds = mtp_model(argv[0])
+    info = read_mtp_info(model) or {}
+    print(
+        f"MTP model in {argv[0]}: {model.name} (offline accept length "
+        f"{info.get('accept_length')}, {seconds:.0f} s)"
     )
     return 0
 

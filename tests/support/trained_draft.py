@@ -293,6 +293,87 @@ class TinyTarget:
 # --------------------------------------------------------------------------
 
 
+def _rep(model, t):
+    """GQA: repeat each KV head for the query heads it serves."""
+    return t.repeat_interleave(model.nh // model.nkv, dim=1)
+
+
+def teacher_forced_chains(draft, tokens, aux, steps=NUM_STEPS, history="keep"):
+    """Teacher-forced chains of ``draft`` from every anchor position at once.
+
+    ``draft`` gives ``qkv(tok, hidden, positions) -> (q, k, v, residual)``,
+    ``rest(attn, residual) -> (normed, next_hidden)``, ``nh``, ``nkv``, ``hd``:
+    the EAGLE-3 head here and the MTP layer of ``support.trained_mtp`` share
+    this training-time test.
+
+    ``tokens`` ``[B, L]`` (target's tokens), ``aux`` ``[B, L, H]`` (target
+    aux states). Step ``s`` (1-based) at anchor ``i`` sits at draft position
+    ``i+s-1``, reads ``tokens[i+s]`` and (s=1) ``aux[i]`` or (s>1) the draft's
+    own ``out`` from step s-1 at anchor i, attends to the target-filled
+    positions ``0..i`` and its own steps ``2..s`` of the same chain, and
+    predicts ``tokens[i+s+1]``. Returns, per step, what ``lm_head`` reads
+    (``head()`` gives logits), step s as ``[B, L-s, H]`` (anchors
+    ``0..L-s-1``).
+
+    ``history``: "keep" (as SGLang), "none" (an anchor's chain cannot see
+    positions ``< i``), "shuffle" (positions ``< i`` come from another
+    sequence of the batch).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    B, L = tokens.shape
+    scale = 1.0 / math.sqrt(draft.hd)
+    pos = torch.arange(L)
+    # step 1: the draft extend (target aux) -> KV of positions 0..L-2
+    n1 = L - 1
+    q1, k1, v1, r1 = draft.qkv(tokens[:, 1:], aux[:, :n1], pos[:n1])
+    k1r, v1r = _rep(draft, k1), _rep(draft, v1)
+    if history == "shuffle":
+        k1o, v1o = k1r.roll(1, 0), v1r.roll(1, 0)
+    causal = torch.ones(n1, n1, dtype=torch.bool).tril()
+    diag = torch.eye(n1, dtype=torch.bool)
+    if history == "none":
+        causal = diag
+
+    def hist_scores(q, n):
+        # q: [B, nh, n, d] for anchors 0..n-1 -> scores vs positions 0..n-1
+        s = (q @ k1r[:, :, :n].transpose(-1, -2)) * scale
+        if history == "shuffle":
+            so = (q @ k1o[:, :, :n].transpose(-1, -2)) * scale
+            s = torch.where(diag[:n, :n], s, so)
+        return s.masked_fill(~causal[:n, :n], float("-inf"))
+
+    def hist_values(p, n):
+        if history == "shuffle":
+            d = diag[:n, :n].to(p.dtype)
+            return (p * d) @ v1r[:, :, :n] + (p * (1 - d)) @ v1o[:, :, :n]
+        return p @ v1r[:, :, :n]
+
+    s1 = hist_scores(q1, n1)
+    p1 = F.softmax(s1, -1)
+    normed, out = draft.rest(hist_values(p1, n1), r1)
+    result = [normed]
+    own_k, own_v = [], []
+    hidden = out
+    for s in range(2, steps + 1):
+        n = L - s  # anchors 0..n-1
+        hidden = hidden[:, :n]
+        q, k, v, r = draft.qkv(tokens[:, s : s + n], hidden, pos[s - 1 : s - 1 + n])
+        own_k = [t[:, :, :n] for t in own_k] + [_rep(draft, k)]
+        own_v = [t[:, :, :n] for t in own_v] + [_rep(draft, v)]
+        sh = hist_scores(q, n)  # [B, nh, n, n]
+        so = torch.stack([(q * kk).sum(-1) for kk in own_k], -1) * scale
+        p = F.softmax(torch.cat([sh, so], -1), -1)
+        ph, po = p[..., :n], p[..., n:]
+        attn = hist_values(ph, n) + sum(
+            po[..., j : j + 1] * vv for j, vv in enumerate(own_v)
+        )
+        normed, hidden = draft.rest(attn, r)
+        result.append(normed)
+    return result
+
+
 def _make_draft_module(H, nh, nkv, hd, inter, V, eps, theta, embed):
     import torch
     from torch import nn
@@ -340,7 +421,8 @@ def _make_draft_module(H, nh, nkv, hd, inter, V, eps, theta, embed):
 
         # -- pieces of the layer ------------------------------------------
         def qkv(self, tok, hidden, positions):
-            """q ``[B,nh,T,d]``, k/v ``[B,nkv,T,d]`` for draft inputs at ``positions``.
+            """q ``[B,nh,T,d]``, k/v ``[B,nkv,T,d]`` for draft inputs at
+            ``positions``, and the layer's residual stream (the hidden input).
 
             ``positions``: ``[T]`` or ``[B, T]``.
             """
@@ -360,9 +442,9 @@ def _make_draft_module(H, nh, nkv, hd, inter, V, eps, theta, embed):
             cos, sin = _rope_cos_sin(positions, self.hd, self.theta)
             if cos.dim() == 3:  # [B, T, d] -> [B, 1, T, d]
                 cos, sin = cos[:, None], sin[:, None]
-            return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
+            return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v, hidden
 
-        def rest(self, attn, hidden):
+        def rest(self, attn, residual):
             """``attn`` ``[B, nh, T, d]`` -> (normed, out): o_proj, MLP, norms.
 
             ``normed`` is what ``lm_head`` reads; ``out`` (pre-norm) is the hidden
@@ -372,7 +454,7 @@ def _make_draft_module(H, nh, nkv, hd, inter, V, eps, theta, embed):
 
             B, _, T, _ = attn.shape
             a = attn.transpose(1, 2).reshape(B, T, self.nh * self.hd)
-            residual = hidden + F.linear(a, self.o_proj)
+            residual = residual + F.linear(a, self.o_proj)
             h = _rms(residual, self.post_attention_layernorm, self.eps)
             out = residual + _silu_mlp(h, self.gate_proj, self.up_proj, self.down_proj)
             return _rms(out, self.norm, self.eps), out
@@ -385,75 +467,9 @@ def _make_draft_module(H, nh, nkv, hd, inter, V, eps, theta, embed):
         def _rep(self, t):
             return t.repeat_interleave(self.nh // self.nkv, dim=1)
 
-        # -- the training-time test ---------------------------------------
         def ttt(self, tokens, aux, steps=NUM_STEPS, history="keep"):
-            """Teacher-forced chains from every anchor position at once.
-
-            ``tokens`` ``[B, L]`` (target's tokens), ``aux`` ``[B, L, H]`` (target
-            aux states). Step ``s`` (1-based) at anchor ``i`` sits at draft position
-            ``i+s-1``, reads ``tokens[i+s]`` and (s=1) ``aux[i]`` or (s>1) the draft's
-            own ``out`` from step s-1 at anchor i, attends to the target-filled
-            positions ``0..i`` and its own steps ``2..s`` of the same chain, and
-            predicts ``tokens[i+s+1]``. Returns, per step, what ``lm_head`` reads
-            (``head()`` gives logits), step s as ``[B, L-s, H]`` (anchors
-            ``0..L-s-1``).
-
-            ``history``: "keep" (as SGLang), "none" (an anchor's chain cannot see
-            positions ``< i``), "shuffle" (positions ``< i`` come from another
-            sequence of the batch).
-            """
-            import torch.nn.functional as F
-
-            B, L = tokens.shape
-            scale = 1.0 / math.sqrt(self.hd)
-            pos = torch.arange(L)
-            # step 1: the draft extend (target aux) -> KV of positions 0..L-2
-            n1 = L - 1
-            q1, k1, v1 = self.qkv(tokens[:, 1:], aux[:, :n1], pos[:n1])
-            k1r, v1r = self._rep(k1), self._rep(v1)
-            if history == "shuffle":
-                k1o, v1o = k1r.roll(1, 0), v1r.roll(1, 0)
-            causal = torch.ones(n1, n1, dtype=torch.bool).tril()
-            diag = torch.eye(n1, dtype=torch.bool)
-            if history == "none":
-                causal = diag
-
-            def hist_scores(q, n):
-                # q: [B, nh, n, d] for anchors 0..n-1 -> scores vs positions 0..n-1
-                s = (q @ k1r[:, :, :n].transpose(-1, -2)) * scale
-                if history == "shuffle":
-                    so = (q @ k1o[:, :, :n].transpose(-1, -2)) * scale
-                    s = torch.where(diag[:n, :n], s, so)
-                return s.masked_fill(~causal[:n, :n], float("-inf"))
-
-            def hist_values(p, n):
-                if history == "shuffle":
-                    d = diag[:n, :n].to(p.dtype)
-                    return (p * d) @ v1r[:, :, :n] + (p * (1 - d)) @ v1o[:, :, :n]
-                return p @ v1r[:, :, :n]
-
-            s1 = hist_scores(q1, n1)
-            p1 = F.softmax(s1, -1)
-            normed, out = self.rest(hist_values(p1, n1), aux[:, :n1])
-            result = [normed]
-            own_k, own_v = [], []
-            hidden = out
-            for s in range(2, steps + 1):
-                n = L - s  # anchors 0..n-1
-                hidden = hidden[:, :n]
-                q, k, v = self.qkv(tokens[:, s : s + n], hidden, pos[s - 1 : s - 1 + n])
-                own_k = [t[:, :, :n] for t in own_k] + [self._rep(k)]
-                own_v = [t[:, :, :n] for t in own_v] + [self._rep(v)]
-                sh = hist_scores(q, n)  # [B, nh, n, n]
-                so = torch.stack([(q * kk).sum(-1) for kk in own_k], -1) * scale
-                p = F.softmax(torch.cat([sh, so], -1), -1)
-                ph, po = p[..., :n], p[..., n:]
-                attn = hist_values(ph, n) + sum(
-                    po[..., j : j + 1] * vv for j, vv in enumerate(own_v)
-                )
-                normed, hidden = self.rest(attn, hidden)
-                result.append(normed)
-            return result
+            """``teacher_forced_chains`` of this draft (``aux``: target aux states)."""
+            return teacher_forced_chains(self, tokens, aux, steps, history)
 
         # -- SGLang-style incremental decoding (for cross-checks) -----------
         def extend(self, tokens_shifted, aux, pos0, cache):
@@ -461,7 +477,7 @@ def _make_draft_module(H, nh, nkv, hd, inter, V, eps, theta, embed):
             import torch.nn.functional as F
 
             T = tokens_shifted.shape[1]
-            q, k, v = self.qkv(tokens_shifted, aux, torch.arange(pos0, pos0 + T))
+            q, k, v, r = self.qkv(tokens_shifted, aux, torch.arange(pos0, pos0 + T))
             if cache.get("k") is not None:
                 k = torch.cat([cache["k"][:, :, :pos0], k], 2)
                 v = torch.cat([cache["v"][:, :, :pos0], v], 2)
@@ -471,7 +487,7 @@ def _make_draft_module(H, nh, nkv, hd, inter, V, eps, theta, embed):
             a = F.scaled_dot_product_attention(
                 q, self._rep(k), self._rep(v), attn_mask=mask
             )
-            normed, out = self.rest(a, aux)
+            normed, out = self.rest(a, r)
             return self.head(normed), out
 
         def decode_chain(self, first_logits, first_out, pos, cache, steps):
@@ -481,12 +497,12 @@ def _make_draft_module(H, nh, nkv, hd, inter, V, eps, theta, embed):
             hidden = first_out[:, -1:]
             ck, cv = cache["k"][:, :, :pos], cache["v"][:, :, :pos]
             for _ in range(steps - 1):
-                q, k, v = self.qkv(tok[:, None], hidden, torch.tensor([pos]))
+                q, k, v, r = self.qkv(tok[:, None], hidden, torch.tensor([pos]))
                 ck, cv = torch.cat([ck, k], 2), torch.cat([cv, v], 2)
                 a = torch.nn.functional.scaled_dot_product_attention(
                     q, self._rep(ck), self._rep(cv)
                 )
-                normed, hidden = self.rest(a, hidden)
+                normed, hidden = self.rest(a, r)
                 tok = self.head(normed)[:, -1].argmax(-1)
                 chain.append(tok)
                 pos += 1
