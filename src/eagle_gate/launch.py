@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from eagle_gate import adapters, options
-from eagle_gate.adapters.resolved import requested_flags
+from eagle_gate.adapters.resolved import export_requested, requested_flags
 from eagle_gate.config import ENV_RESOLVED, ConfigError, GateConfig, resolve_config
 from eagle_gate.ops import check_environment
 from eagle_gate.statusdir import start_launch
@@ -98,6 +98,8 @@ def prepare(argv: Sequence[str], environ: dict | None = None):
     if plugins and "eagle_gate" not in [p.strip() for p in plugins.split(",")]:
         logger.info("eagle_gate: adding eagle_gate to SGLANG_PLUGINS=%s", plugins)
         env["SGLANG_PLUGINS"] = plugins + ",eagle_gate"
+    # The schedulers' status says what SGLang changed (0.5.9 resolves in place).
+    export_requested(rest, env)
     # Last, once no gate setting can refuse: this launch's private status
     # directory, cleared of a previous run's files, exported to every process.
     # The speculative setup is judged in run(), on SGLang's own resolution.

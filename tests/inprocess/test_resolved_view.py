@@ -324,3 +324,68 @@ def test_the_status_view_carries_the_resolved_setup_when_schedulers_agree(
     assert aggregate(tmp_path, records, now=0.0)["speculative"] == shown
     records[1]["speculative"] = {**shown, "topk": 4}
     assert aggregate(tmp_path, records, now=0.0)["speculative"] is None
+
+
+#: a MiMo config (a Qwen2 target that carries one MTP layer).
+MIMO = dict(
+    LLAMA,
+    architectures=["MiMoForCausalLM"],
+    model_type="qwen2",
+    num_nextn_predict_layers=1,
+)
+SHAPE = (
+    *("--speculative-num-steps", "3", "--speculative-eagle-topk", "1"),
+    *("--speculative-num-draft-tokens", "4"),
+)
+
+
+def test_an_mtp_draft_is_named_by_sglangs_own_rule(tmp_path):
+    """NEXTN on a MiMo target: SGLang builds ``MiMoMTP`` from the target's
+    own checkpoint (``ModelConfig(is_draft_model=True)``); the view names it
+    and says it is an MTP layer, not a separate head."""
+    (tmp_path / "config.json").write_text(json.dumps(MIMO))
+    model = str(tmp_path)
+    _, spec = resolve(
+        model,
+        *("--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", model),
+        *SHAPE,
+    )
+    assert (spec.algorithm, spec.draft_model, spec.mtp) == ("EAGLE", "MiMoMTP", True)
+    assert "MTP draft MiMoMTP" in spec.describe()
+    assert "--speculative-algorithm NEXTN runs as EAGLE" in spec.describe()
+
+
+def test_an_eagle3_head_is_named_and_is_not_mtp(llama, tmp_path):
+    draft = dict(LLAMA, architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1)
+    (tmp_path / "config.json").write_text(json.dumps(draft))
+    _, spec = resolve(
+        llama,
+        *("--speculative-algorithm", "EAGLE3"),
+        *("--speculative-draft-model-path", str(tmp_path)),
+        *SHAPE,
+    )
+    assert (spec.draft_model, spec.mtp) == ("LlamaForCausalLMEagle3", False)
+    assert "draft LlamaForCausalLMEagle3" in spec.describe()
+    assert "MTP" not in spec.describe()
+
+
+def test_the_schedulers_read_the_raw_flags_the_launcher_handed_over(llama):
+    """0.5.9 resolves its record in place: a scheduler's status can say
+    "NEXTN runs as EAGLE" only from the flags the launcher exported."""
+    from eagle_gate.adapters.resolved import (
+        REQUESTED_ENV,
+        export_requested,
+        requested_from_environment,
+        sglang_decisions,
+    )
+
+    argv = ["--speculative-algorithm", "NEXTN", *SHAPE]
+    server_args, _ = resolve(llama, *argv)
+    env: dict[str, str] = {}
+    export_requested(["--model-path", llama, *argv], env)
+    requested = requested_from_environment(env)
+    spec = ADAPTER.resolve_spec(server_args, requested)
+    assert "--speculative-algorithm NEXTN runs as EAGLE" in spec.decided_by_sglang
+    assert sglang_decisions(requested, spec) == spec.decided_by_sglang
+    assert requested_from_environment({}) is None
+    assert requested_from_environment({REQUESTED_ENV: "{not json"}) is None

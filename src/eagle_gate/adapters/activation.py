@@ -26,7 +26,7 @@ from eagle_gate.adapters.refusals import (
     check_built_worker,
     check_lazy_buffer,
 )
-from eagle_gate.adapters.resolved import ResolvedSpec
+from eagle_gate.adapters.resolved import ResolvedSpec, requested_from_environment
 from eagle_gate.config import GateConfig, config_from_environment
 from eagle_gate.control import ControlAgreement, ControlFile
 from eagle_gate.counters import GateCounters
@@ -87,7 +87,7 @@ def activate_scheduler(
     SGLang might have built another worker than EAGLEWorkerV2."""
     server_args = scheduler.server_args
     config = config or config_from_environment()
-    spec = adapter.resolve_spec(server_args)
+    spec = adapter.resolve_spec(server_args, requested_from_environment())
     gated, state = adapter.check_spec(
         spec, draft_sync=config.draft_sync if config.plain_step else None
     )

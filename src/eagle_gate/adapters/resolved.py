@@ -18,11 +18,24 @@ This module imports neither SGLang nor torch.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["ResolvedSpec", "sglang_decisions", "requested_flags", "sglang_flag"]
+__all__ = [
+    "ResolvedSpec",
+    "sglang_decisions",
+    "requested_flags",
+    "export_requested",
+    "requested_from_environment",
+    "sglang_flag",
+]
+
+#: the launcher's raw speculative flags, for SGLang's scheduler processes:
+#: 0.5.9 resolves its record in place, so a scheduler's status could not say
+#: what SGLang decided itself (NEXTN runs as EAGLE) without them.
+REQUESTED_ENV = "EAGLE_GATE_REQUESTED_SPEC"
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,12 @@ class ResolvedSpec:
     #: what SGLang decided itself, in words ("NEXTN runs as EAGLE", ...): why
     #: the view differs from the command line.
     decided_by_sglang: tuple[str, ...] = ()
+    #: the model class SGLang builds as the draft (its own rule for a draft
+    #: config: ``MiMoForCausalLM`` -> ``MiMoMTP``, ...); None: not known.
+    draft_model: str | None = None
+    #: the draft is an MTP layer of the target checkpoint (NEXTN), not a
+    #: separate EAGLE head.
+    mtp: bool = False
 
     @property
     def speculating(self) -> bool:
@@ -89,6 +108,8 @@ class ResolvedSpec:
             parts.append("rejection sampling")
         if self.disaggregation_mode not in ("null", "", None):
             parts.append(f"PD {self.disaggregation_mode}")
+        if self.draft_model:
+            parts.append(f"{'MTP ' if self.mtp else ''}draft {self.draft_model}")
         text = ", ".join(parts)
         if self.decided_by_sglang:
             text += " (SGLang: " + "; ".join(self.decided_by_sglang) + ")"
@@ -151,6 +172,28 @@ def requested_flags(argv: Sequence[str]) -> argparse.Namespace:
         parser.add_argument(flag, action="store_true")
     flags, _ = parser.parse_known_args(list(argv))
     return flags
+
+
+def export_requested(argv: Sequence[str], environ: MutableMapping[str, str]) -> None:
+    """Hand ``argv``'s raw speculative flags to every process SGLang starts."""
+    environ[REQUESTED_ENV] = json.dumps(vars(requested_flags(argv)), sort_keys=True)
+
+
+def requested_from_environment(
+    environ: Mapping[str, str] | None = None,
+) -> argparse.Namespace | None:
+    """The flags :func:`export_requested` handed over; None where there are
+    none or they cannot be read (a report only: the status then says less)."""
+    import os
+
+    raw = (os.environ if environ is None else environ).get(REQUESTED_ENV)
+    if not raw:
+        return None
+    try:
+        values = json.loads(raw)
+    except ValueError:
+        return None
+    return argparse.Namespace(**values) if isinstance(values, dict) else None
 
 
 def sglang_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:

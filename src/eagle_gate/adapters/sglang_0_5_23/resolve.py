@@ -29,6 +29,7 @@ import copy
 from dataclasses import replace
 from typing import Any
 
+from eagle_gate.adapters.draft_model import draft_model_of
 from eagle_gate.adapters.resolved import ResolvedSpec, sglang_decisions
 
 __all__ = ["resolve_spec", "resolve_argv", "resolved_record"]
@@ -69,6 +70,9 @@ def resolve_spec(server_args: Any, requested: Any = None) -> ResolvedSpec:
         rejection_sampling=bool(cfg.speculative_use_rejection_sampling),
         disaggregation_mode=str(cfg.disaggregation_mode or "null"),
     )
+    if spec.speculating:
+        draft, mtp = draft_model_of(record, cfg.speculative_draft_model_path)
+        spec = replace(spec, draft_model=draft, mtp=mtp)
     decided = sglang_decisions(server_args if requested is None else requested, spec)
     return replace(spec, decided_by_sglang=decided) if decided else spec
 

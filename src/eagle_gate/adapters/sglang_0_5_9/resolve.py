@@ -14,8 +14,10 @@ rejection sampling.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from eagle_gate.adapters.draft_model import draft_model_of
 from eagle_gate.adapters.resolved import ResolvedSpec, sglang_decisions
 
 __all__ = ["resolve_spec", "resolve_argv"]
@@ -46,10 +48,11 @@ def resolve_spec(server_args: Any, requested: Any = None) -> ResolvedSpec:
         rejection_sampling=False,
         disaggregation_mode=str(getattr(a, "disaggregation_mode", "null") or "null"),
     )
+    if spec.speculating:
+        draft, mtp = draft_model_of(a, getattr(a, "speculative_draft_model_path", None))
+        spec = replace(spec, draft_model=draft, mtp=mtp)
     decided = sglang_decisions(requested, spec)
     if decided:
-        from dataclasses import replace
-
         spec = replace(spec, decided_by_sglang=decided)
     return spec
 
