@@ -37,7 +37,19 @@ from pathlib import Path
 
 import pytest
 import sglang_env
-from support.draft_state import OfflineDraft, Tally, match_columns, spec_steps, tally
+from support import draft_state
+from support.draft_state import (
+    DRAFT_NEW,
+    DRAFT_PROMPTS,
+    DRAFT_REQUESTS,
+    MAX_DIFFER_SHARE,
+    OfflineDraft,
+    check_draft_state,
+    counted_steps,
+    match_columns,
+    spec_steps,
+    tally,
+)
 from support.gated_server import (
     abort,
     decision_records,
@@ -122,60 +134,12 @@ OPS_LOAD = [
     ("the gate at work four", 20),
 ]
 FLAKY = [("a policy that raises", 16), ("and the server goes on", 12)]
-# Draft state: DRAFT_REQUESTS requests decoded together (one batch: samples
-# in parallel, not more steps) through a fixed schedule of PLAIN stretches,
-# SPEC steps between them. Each request asks for as many tokens as it needs
-# to run through the schedule (its offline draft's accept lengths say how
-# many, plus a margin), so no tail of SPEC steps that measure nothing. In
-# this order the plain steps that end a stretch are the 2nd, 3rd, 7th and
-# 15th of the test: a defect that comes back every other plain step hits the
-# last step of some stretch whatever its phase.
-STRETCHES = (2, 1, 4, 8)
-SPEC_BETWEEN = 4
-DRAFT_REQUESTS = 8
-DRAFT_PROMPTS = [
-    [1] + [(37 * i + 11 * k) % 900 + 4 for k in range(24)]
-    for i in range(DRAFT_REQUESTS)
-]
-DRAFT_NEW = 128  # the reference; each request asks for what it needs
 SWITCH_COST_NEW = 40  # the huge-switch-cost check: a prefix of draft-0
-#: Margins of the draft-state check. Clean eager servers, measured: 0.5.9
-#: differs from the offline draft at 3 of ~200 SPEC steps (the same 3 in
-#: every run, SPEC steps after SPEC steps, near-tied draft logits), 0.5.23 at
-#: none; without sync (none) 18/32 steps right after a stretch differ.
-#: of the first SPEC steps after a PLAIN stretch of one length (DRAFT_REQUESTS
-#: samples) at most this share may differ (8 samples: 2) ...
-MAX_DIFFER_EACH = 0.25
-#: ... and of larger classes (all steps after a stretch, 32; SPEC after SPEC;
-#: before any stretch) at most this share (32 samples: 4)
-MAX_DIFFER_SHARE = 0.125
-#: accept length lost against the offline draft, mean over every SPEC step
-#: after the first stretch (~100-150): clean eager 0.013 (0.5.9) and 0.000
-#: (0.5.23), clean lazy 0.021 (0.5.9; one step); the draft's KV never
-#: written at every other plain position, the next draft input right: 0.11;
-#: lazy's catch-up one position short: 0.135; none: 0.24. (A single stale KV
-#: position per stretch, lazy_short in tests/support/sabotage, loses 0.01:
-#: below what this draft shows.)
-MAX_DEFICIT = 0.06
-#: the positive control: without sync (``none``) the first draft token after
-#: a stretch is zero-filled, so every step after a stretch whose offline
-#: accept length is above 1 (about 0.4 of them) differs; at least this share
-MIN_NONE_DIFFER_SHARE = 0.2
-#: lazy beyond its window (after the 8-step stretch, 4 positions stale for
-#: good): not exact; a loose bound, the figure is printed
-MAX_LAZY_BEYOND_SHARE = 0.5
 #: tests/support/sabotage: a partial breakage of the draft sync, switched on
 #: for the gated servers by EAGLE_GATE_TEST_SABOTAGE=<mode> (proof that the
 #: draft-state checks fail on it; never set in CI).
 SABOTAGE = os.environ.get("EAGLE_GATE_TEST_SABOTAGE", "")
 SABOTAGE_DIR = Path(__file__).resolve().parents[1] / "support" / "sabotage"
-
-
-def draft_pattern() -> str:
-    parts = [f"s{SPEC_BETWEEN + 2}"]
-    for n in STRETCHES:
-        parts += [f"p{n}", f"s{SPEC_BETWEEN}"]
-    return ",".join(parts)
 
 
 def reference_requests() -> dict[str, tuple]:
@@ -450,28 +414,15 @@ def test_radix_cache_hits_after_plain_stretches(reference, gated, spec_models):
 
 
 # -- draft state -----------------------------------------------------------------
+def logged_since(gated: Gated, first_step: int, steps: int) -> list[dict]:
+    """``support.draft_state.logged_since`` of this server's decision log."""
+    return draft_state.logged_since(gated.decision_dir, first_step, steps)
+
+
 def offline_draft(spec_models, reference) -> OfflineDraft:
     target, draft = spec_models
     outputs = [ids(reference[f"draft-{i}"]) for i in range(len(DRAFT_PROMPTS))]
     return OfflineDraft(target, draft, DRAFT_PROMPTS, outputs)
-
-
-def planned_new_tokens(offline: OfflineDraft, request: int) -> int:
-    """Tokens ``request`` needs to run through the whole schedule with a draft
-    in step (the offline accept lengths), plus a margin: its last SPEC steps'
-    chains stay inside the reference, and it is still decoding when the
-    schedule ends (a request that leaves early would shift the batch)."""
-    committed = 1
-    for part in draft_pattern().split(","):
-        for _ in range(int(part[1:])):
-            if part[0] == "p":
-                committed += 1
-            else:
-                accept = offline.accept(request, committed)
-                assert accept is not None, "DRAFT_NEW is too short for the schedule"
-                committed += accept
-    assert committed + 8 <= DRAFT_NEW, "DRAFT_NEW is too short for the schedule"
-    return committed + 8
 
 
 def test_draft_state_after_plain_stretches(reference, gated, spec_models):
@@ -501,104 +452,15 @@ def test_draft_state_after_plain_stretches(reference, gated, spec_models):
     if not config.draft_state:
         pytest.skip(f"{config.id}: identity only (draft state runs overlap-on)")
     offline = offline_draft(spec_models, reference)
-    wants = [planned_new_tokens(offline, r) for r in range(DRAFT_REQUESTS)]
-    start = scheduler_status(gated.base_url)  # settled: compared exactly below
-    first_step = int(start["step"])
-    set_policy(gated.base_url, "schedule", pattern=draft_pattern(), repeat=False)
-    t0 = time.monotonic()
-    requests = list(zip(DRAFT_PROMPTS, wants, strict=True))
-    results = generate_many(gated.base_url, requests)
-    served = time.monotonic() - t0
-    for i, result in enumerate(results):
-        assert ids(result) == ids(reference[f"draft-{i}"])[: wants[i]], i
-    # the plain step's draft extends, all eager on CPU (no draft-extend graph):
-    # one per plain step under eager sync; under lazy, exactly one catch-up
-    # (one batched extend for every request) before the SPEC step that follows
-    # each stretch, the requests decoding as one batch throughout
-    end = scheduler_status(gated.base_url)
-    assert end["draft_extend_path"]["graph"] == 0
-    extends = end["draft_extend_path"]["eager"] - start["draft_extend_path"]["eager"]
-    plain = end["steps"]["plain"] - start["steps"]["plain"]
-    assert plain == sum(STRETCHES)
-    if config.draft_sync == "eager":
-        assert extends == plain
-    elif config.draft_sync == "lazy":
-        assert extends == len(STRETCHES)
-    else:
-        assert extends == 0
-    records = logged_since(gated, first_step, counted_steps(start, end))
-    outcomes = [r for r in records if r["kind"] == "outcome"]
-    assert max(len(r["accept_lens"]) for r in outcomes) == DRAFT_REQUESTS
-    steps = spec_steps(outcomes)
-    match_columns(steps, offline)
-    window = NUM_DRAFT_TOKENS if config.draft_sync == "lazy" else sum(STRETCHES)
-    known = [s for s in steps if s.offline is not None]
-    exact = [s for s in known if s.longest_gap <= window]
-    beyond = Tally([s for s in known if s.longest_gap > window])
-    by = tally(exact)
-    resumed = Tally([s for n in STRETCHES if n in by for s in by[n].steps])
-    untouched = Tally([s for s in exact if not s.plain_so_far])
-    since = Tally([s for s in exact if s.plain_so_far])  # any stretch before
-    table = " | ".join(
-        f"{k}: {by[k].describe()}" for k in (*STRETCHES, "spec") if k in by
+    outputs = [ids(reference[f"draft-{i}"]) for i in range(DRAFT_REQUESTS)]
+    check_draft_state(
+        gated.base_url,
+        gated.decision_dir,
+        config.draft_sync,
+        offline,
+        outputs,
+        f"SGLang {VERSION}: [{config.id}]",
     )
-    note(
-        f"SGLang {VERSION}: [{config.id}] SPEC steps against the offline draft, "
-        f"by PLAIN steps right before (n) or a SPEC step (spec): {table} | "
-        f"before any stretch: {untouched.describe()} | after the first stretch: "
-        f"{since.describe()}, accept length lost {since.deficit:+.3f}"
-        + (f" | beyond lazy's window: {beyond.describe()}" if beyond.n else "")
-        + f" ({DRAFT_REQUESTS} requests, served in {served:.0f} s)"
-    )
-    # where nothing can be stale, the offline model and the column matching
-    # hold (a check of the measurement itself)
-    assert untouched.n >= DRAFT_REQUESTS, untouched.describe()
-    assert untouched.share <= MAX_DIFFER_SHARE, untouched.describe()
-    if config.draft_sync == "none":
-        assert resumed.share >= MIN_NONE_DIFFER_SHARE, table
-        return
-    for n in STRETCHES:
-        if n <= window:
-            assert by[n].n >= DRAFT_REQUESTS, (n, table)
-            assert by[n].share <= MAX_DIFFER_EACH, (n, table)
-    assert resumed.share <= MAX_DIFFER_SHARE, (resumed.describe(), table)
-    assert by["spec"].share <= MAX_DIFFER_SHARE, table
-    # a stale position shifts near-tied proposals only, in both directions,
-    # but on balance it loses accept length: every step after the first
-    # stretch, pooled
-    assert since.deficit <= MAX_DEFICIT, (since.describe(), since.deficit)
-    if config.draft_sync == "lazy":
-        # beyond the window: the newest NUM_DRAFT_TOKENS positions of the
-        # 8-step gap caught up, the older ones stale for good
-        assert beyond.n >= DRAFT_REQUESTS, beyond.describe()
-        assert beyond.share <= MAX_LAZY_BEYOND_SHARE, beyond.describe()
-
-
-def logged_since(gated: Gated, first_step: int, steps: int) -> list[dict]:
-    """The decision-log records from ``first_step`` on, in step order, once
-    the log holds the outcomes of all ``steps`` decode steps the status
-    counted since then (the ops thread writes the log about every 0.2 s
-    here, later under load)."""
-    deadline = time.monotonic() + 60
-    while True:
-        records = sorted(
-            (
-                r
-                for r in decision_records(gated.decision_dir)
-                if r.get("step", -1) >= first_step
-            ),
-            key=lambda r: r["step"],
-        )
-        logged = sum(r["kind"] == "outcome" for r in records)
-        if logged >= steps:
-            assert logged == steps, (logged, steps)
-            return records
-        assert time.monotonic() < deadline, (logged, steps)
-        time.sleep(0.3)
-
-
-def counted_steps(before: dict, after: dict) -> int:
-    return sum(after["steps"].values()) - sum(before["steps"].values())
 
 
 def decisions_under(records: list[dict], version: int) -> list[dict]:
