@@ -289,6 +289,7 @@ def serve(
     pythonpath: Sequence[Path | str] = (),
     overlap: bool = True,
     shape: bool = True,
+    algorithm: str = "EAGLE3",
     host: str = "127.0.0.1",
     ready_timeout_s: float = 240,
     grace_s: float = 10.0,
@@ -300,7 +301,8 @@ def serve(
     * with ``draft_dir``: an EAGLE-3 server on SGLang's real speculative path
       (``support.spec_server.spec_server_args`` / ``spec_server_env``:
       ``overlap`` picks the scheduler, ``shape=False`` leaves the draft shape
-      to SGLang).
+      to SGLang, ``algorithm="NEXTN"`` serves an MTP model whose
+      ``draft_dir`` is its own directory).
 
     ``launcher`` is ``"sglang"`` (stock ``sglang.launch_server``) or ``"gate"``
     (``python -m eagle_gate.launch`` with ``gate_args``). ``args`` are more
@@ -332,7 +334,7 @@ def serve(
     else:
         cmd = spec_server_args(
             model_dir, draft_dir, port, launcher=launcher, overlap=overlap,
-            gate_args=gate_args, host=host,
+            gate_args=gate_args, host=host, algorithm=algorithm,
         )  # fmt: skip
         if not shape:
             cmd = without_shape(cmd)

@@ -120,8 +120,13 @@ def spec_server_args(
     gate_args: Sequence[str] = (),
     python: str | None = None,
     host: str = "127.0.0.1",
+    algorithm: str = "EAGLE3",
 ) -> list[str]:
-    """An EAGLE-3 server on the Triton backend (topk 1, 3 steps, 4 draft tokens)."""
+    """A speculative server on the Triton backend (topk 1, 3 steps, 4 draft
+    tokens): ``algorithm`` EAGLE3 (an EAGLE-3 head in ``draft_dir``) or NEXTN
+    (an MTP model: ``draft_dir`` is the target's own directory)."""
+    if algorithm not in ("EAGLE3", "NEXTN"):
+        raise ValueError(f"algorithm must be EAGLE3 or NEXTN, got {algorithm!r}")
     if not overlap and sglang_version() == "0.5.9":
         raise ValueError("SGLang 0.5.9 speculates on CPU with overlap on only")
     args = cpu_server_args(target_dir, port, python=python, host=host)
@@ -132,7 +137,7 @@ def spec_server_args(
         "--triton-attention-num-kv-splits",
         "1",
         "--speculative-algorithm",
-        "EAGLE3",
+        algorithm,
         "--speculative-draft-model-path",
         str(draft_dir),
         "--speculative-num-steps",
