@@ -186,7 +186,10 @@ def _patch_scheduler(mod):
 
 
 def hooks() -> dict:
+    from eagle_gate_ci_spec.no_cuda import patch_cuda_synchronize
+
     hooks = {
+        "torch": patch_cuda_synchronize,  # GLM-4.5 NextN: set_embed_and_head
         "sgl_kernel": lambda mod: _set_sgl_kernel_ops(mod, SGL_KERNEL_OPS_0_5_23),
         "sglang.srt.speculative.eagle_utils": _patch_eagle_utils_0_5_23,
         "sglang.srt.layers.attention.verify_mask": _patch_verify_mask_0_5_23,
