@@ -19,7 +19,7 @@ import sys
 
 import pytest
 import sglang_env
-from support.server import serve
+from support.server import serve, serve_together
 from support.timings import note
 
 pytestmark = pytest.mark.skipif(
@@ -30,8 +30,6 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_bench_tool_against_baseline_eagle3_and_gated_servers(spec_models, tmp_path):
-    import contextlib
-
     target, draft = spec_models
     # name: how serve() starts it
     servers = {
@@ -48,12 +46,12 @@ def test_bench_tool_against_baseline_eagle3_and_gated_servers(spec_models, tmp_p
             ],  # fmt: skip
         },
     }
-    with contextlib.ExitStack() as stack:
-        urls = {}
-        for name, how in servers.items():
-            log = tmp_path / f"{name}.log"
-            srv = stack.enter_context(serve(target, log, ready_timeout_s=400, **how))
-            urls[name] = srv.base_url
+    managers = [
+        serve(target, tmp_path / f"{name}.log", ready_timeout_s=400, **how)
+        for name, how in servers.items()
+    ]
+    with serve_together(managers) as started:
+        urls = {name: srv.base_url for name, srv in zip(servers, started, strict=True)}
         cmd = [sys.executable, "-m", "eagle_gate.bench"]
         for name, url in urls.items():
             cmd += ["--server", f"{name}={url}"]

@@ -30,11 +30,12 @@ from support import soak
 from support.draft_state import (
     DRAFT_NEW,
     DRAFT_PROMPTS,
+    NONE_CONTROL_REQUESTS,
     OfflineDraft,
     check_draft_state,
 )
 from support.gated_server import generate_many, log_failures, status
-from support.server import serve
+from support.server import serve, serve_together
 from support.timings import note
 from support.trained_mtp import read_mtp_info
 
@@ -84,37 +85,41 @@ def gated_server(model: Path, root: Path, draft_sync: str, test_plugins):
 
 
 @pytest.fixture(scope="module")
-def reference(mtp_model, tmp_path_factory) -> dict:
-    """A server without speculation of the MiMo target: the greedy answers to
-    the draft-state prompts and the soak's references."""
+def servers(mtp_model, test_plugins, tmp_path_factory):
+    """The gated NEXTN server (eager draft sync) and a server without
+    speculation of the MiMo target, started together."""
+    root = tmp_path_factory.mktemp("mtp-eager")
     t0 = time.monotonic()
-    log = tmp_path_factory.mktemp("mtp-baseline") / "baseline.log"
-    with serve(mtp_model, log) as srv:
-        draft = generate_many(srv.base_url, [(p, DRAFT_NEW) for p in DRAFT_PROMPTS])
-        soak_refs = soak.references(srv.base_url)
-    note(
-        f"SGLang {VERSION}: MiMo baseline server, references: "
-        f"{time.monotonic() - t0:.0f} s"
-    )
-    return {"draft": [r["output_ids"] for r in draft], "soak": soak_refs}
+    managers = [
+        gated_server(mtp_model, root, "eager", test_plugins),
+        serve(mtp_model, root / "baseline.log"),
+    ]
+    with serve_together(managers) as (gated, baseline):
+        note(f"SGLang {VERSION}: MTP servers (gated + no-spec) up in "
+             f"{time.monotonic() - t0:.0f} s")  # fmt: skip
+        yield Gated(gated.base_url, gated.log_path, root / "decisions"), baseline
+        log = gated.log_text()
+    note(f"SGLang {VERSION}: MTP servers held {time.monotonic() - t0:.0f} s")
+    assert not log_failures(log), log[-4000:]
+
+
+@pytest.fixture(scope="module")
+def eager(servers) -> Gated:
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def reference(servers) -> dict:
+    """The server without speculation's greedy answers to the draft-state
+    prompts, and the soak's references."""
+    base = servers[1].base_url
+    draft = generate_many(base, [(p, DRAFT_NEW) for p in DRAFT_PROMPTS])
+    return {"draft": [r["output_ids"] for r in draft], "soak": soak.references(base)}
 
 
 @pytest.fixture(scope="module")
 def offline(mtp_model, reference) -> OfflineDraft:
     return OfflineDraft(mtp_model, mtp_model, DRAFT_PROMPTS, reference["draft"])
-
-
-@pytest.fixture(scope="module")
-def eager(mtp_model, test_plugins, tmp_path_factory):
-    root = tmp_path_factory.mktemp("mtp-eager")
-    t0 = time.monotonic()
-    with gated_server(mtp_model, root, "eager", test_plugins) as srv:
-        yield Gated(srv.base_url, srv.log_path, root / "decisions")
-        log = srv.log_text()
-    note(
-        f"SGLang {VERSION}: gated MTP server [eager] held {time.monotonic() - t0:.0f} s"
-    )
-    assert not log_failures(log), log[-4000:]
 
 
 def test_the_status_names_nextn_and_the_mtp_draft(eager):
@@ -164,16 +169,18 @@ def test_mtp_soak_of_mixed_traffic(eager, reference):
 
 
 def test_mtp_draft_state_without_sync_is_caught(
-    mtp_model, reference, offline, test_plugins, tmp_path
+    mtp_model, reference, test_plugins, tmp_path
 ):
     """The positive control: without draft sync the SPEC steps right after a
     stretch propose from a stale MTP state, and the same check sees it."""
+    n = NONE_CONTROL_REQUESTS
+    few = OfflineDraft(mtp_model, mtp_model, DRAFT_PROMPTS[:n], reference["draft"][:n])
     with gated_server(mtp_model, tmp_path, "none", test_plugins) as srv:
         check_draft_state(
             srv.base_url,
             tmp_path / "decisions",
             "none",
-            offline,
+            few,
             reference["draft"],
             f"SGLang {VERSION}: [MTP none]",
         )

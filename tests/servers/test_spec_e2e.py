@@ -43,6 +43,7 @@ from support.draft_state import (
     DRAFT_PROMPTS,
     DRAFT_REQUESTS,
     MAX_DIFFER_SHARE,
+    NONE_CONTROL_REQUESTS,
     OfflineDraft,
     check_draft_state,
     counted_steps,
@@ -419,10 +420,12 @@ def logged_since(gated: Gated, first_step: int, steps: int) -> list[dict]:
     return draft_state.logged_since(gated.decision_dir, first_step, steps)
 
 
-def offline_draft(spec_models, reference) -> OfflineDraft:
+def offline_draft(
+    spec_models, reference, requests: int = DRAFT_REQUESTS
+) -> OfflineDraft:
     target, draft = spec_models
-    outputs = [ids(reference[f"draft-{i}"]) for i in range(len(DRAFT_PROMPTS))]
-    return OfflineDraft(target, draft, DRAFT_PROMPTS, outputs)
+    outputs = [ids(reference[f"draft-{i}"]) for i in range(requests)]
+    return OfflineDraft(target, draft, DRAFT_PROMPTS[:requests], outputs)
 
 
 def test_draft_state_after_plain_stretches(reference, gated, spec_models):
@@ -451,8 +454,10 @@ def test_draft_state_after_plain_stretches(reference, gated, spec_models):
     config = gated.config
     if not config.draft_state:
         pytest.skip(f"{config.id}: identity only (draft state runs overlap-on)")
-    offline = offline_draft(spec_models, reference)
-    outputs = [ids(reference[f"draft-{i}"]) for i in range(DRAFT_REQUESTS)]
+    none = config.draft_sync == "none"
+    requests = NONE_CONTROL_REQUESTS if none else DRAFT_REQUESTS
+    offline = offline_draft(spec_models, reference, requests)
+    outputs = [ids(reference[f"draft-{i}"]) for i in range(len(offline.rows))]
     check_draft_state(
         gated.base_url,
         gated.decision_dir,

@@ -22,7 +22,6 @@ distribution test's deliberate fault; absent, nothing changes).
 
 from __future__ import annotations
 
-import contextlib
 import time
 import urllib.error
 import urllib.request
@@ -83,7 +82,7 @@ def order_traffic_last(items: list) -> None:
 @pytest.fixture(scope="session")
 def traffic_servers(spec_models, test_plugins, tmp_path_factory) -> Iterator:
     """The gated server and the baseline, up together for the session."""
-    from support.server import serve
+    from support.server import serve, serve_together
     from support.spec_server import sglang_version
     from support.timings import note
 
@@ -117,20 +116,8 @@ def traffic_servers(spec_models, test_plugins, tmp_path_factory) -> Iterator:
         ),
         serve(target, root / "baseline.log", ready_timeout_s=400),
     ]
-    with contextlib.ExitStack() as stack:
-        # both start at once (their imports and loads overlap); each one that
-        # came up is stopped on the way out, whatever happened to the other
-        with ThreadPoolExecutor(2) as pool:
-            futures = [pool.submit(m.__enter__) for m in managers]
-        started, errors = [], []
-        for manager, future in zip(managers, futures, strict=True):
-            try:
-                started.append(future.result())
-                stack.push(manager.__exit__)
-            except Exception as exc:
-                errors.append(exc)
-        if errors:
-            raise errors[0]
+    # both start at once (their imports and loads overlap)
+    with serve_together(managers) as started:
         gsrv, bsrv = started
         note(
             f"SGLang {sglang_version()}: traffic servers (gated EAGLE-3 + no-spec) "
