@@ -60,26 +60,35 @@ mkdir -p "$EAGLE_GATE_MODEL_CACHE"
 # when one is missing (tests/inprocess/test_trained_draft.py).
 export EAGLE_GATE_CI=1
 
-# One version's suite: pytest in that version's environment. Its own
-# --basetemp keeps two sessions running side by side out of each other's temp
-# directories.
+# One pytest session: pytest in version $1's environment, label $2 (its log
+# and temp-directory name). Its own --basetemp keeps sessions running side by
+# side out of each other's temp directories.
 run_suite() {
-  local v=$1; shift
+  local v=$1 label=$2; shift 2
   local start=$SECONDS
   local rc=0
   ".venv-$v/bin/python" -u -m pytest -p no:cacheprovider -W ignore::UserWarning \
-    --basetemp "${TMPDIR:-/tmp}/eagle-gate-pytest-$v-$$" --durations=15 "$@" || rc=$?
-  echo "== SGLang $v: $((SECONDS - start)) s, pytest exit $rc"
+    --basetemp "${TMPDIR:-/tmp}/eagle-gate-pytest-$label-$$" --durations=15 "$@" || rc=$?
+  echo "== SGLang $v [$label]: $((SECONDS - start)) s, pytest exit $rc"
   return $rc
 }
 
-# The versions run side by side by default (EAGLE_GATE_PARALLEL=0 runs them one
-# after the other): most of a suite's time is one process at a time (a Python
-# server stepping a tiny model, a client waiting for it), about 0.65 of a core
-# on average on a 2-core machine, so two suites nearly halve the wall time. Each
-# gets one OpenMP thread per process, so the two suites' servers do not spin
-# against each other's threads; its output streams with a "[version]" prefix
-# and is kept whole in build/test-<version>.log.
+# The sessions: one per version, or, for a whole run (no pytest arguments),
+# two per version (EAGLE_GATE_SHARDS=0: one): the speculative-server modules
+# (test_spec_e2e.py, test_mtp_e2e.py: about half of a version's time) and
+# everything else. Most of a session's time is one process at a time (a Python
+# server stepping a tiny model, a client waiting for it), about 0.65 of a
+# core on average on a 2-core machine, so two sessions per version keep both
+# cores busy where one per version left a third of them idle. Each session
+# gets one OpenMP thread per process, so servers do not spin against each
+# other's threads; its output streams with a "[label]" prefix and is kept
+# whole in build/test-<label>.log. EAGLE_GATE_PARALLEL=0 runs the versions one
+# after the other, unsharded.
+SPEC_MODULES=(tests/servers/test_spec_e2e.py tests/servers/test_mtp_e2e.py)
+shard=0
+if [ "$fast" = 0 ] && [ "$#" = 0 ] && [ "${EAGLE_GATE_SHARDS:-1}" != 0 ]; then
+  shard=1
+fi
 mkdir -p build
 n_versions=$(echo $versions | wc -w)
 status=0
@@ -88,25 +97,38 @@ if [ "$n_versions" -gt 1 ] && [ "${EAGLE_GATE_PARALLEL:-1}" != 0 ]; then
     echo "== building the shared test models once (cached in $EAGLE_GATE_MODEL_CACHE)"
     PYTHONPATH=tests ".venv-$first/bin/python" -m support.model_cache "$EAGLE_GATE_MODEL_CACHE"
   fi
+  labels=()
   pids=()
-  for v in $versions; do
-    echo "== tests against SGLang $v (side by side; log build/test-$log_tag$v.log)"
+  start_session() {
+    local v=$1 label=$2; shift 2
+    echo "== tests against SGLang $v [$label] (side by side; log build/test-$label.log)"
     (
       set -o pipefail
-      OMP_NUM_THREADS=1 run_suite "$v" "$@" 2>&1 | tee "build/test-$log_tag$v.log" | sed -u "s/^/[$v] /"
+      OMP_NUM_THREADS=1 run_suite "$v" "$label" "$@" 2>&1 | tee "build/test-$label.log" | sed -u "s/^/[$label] /"
     ) &
     pids+=("$!")
+    labels+=("$label")
+  }
+  for v in $versions; do
+    if [ "$shard" = 1 ]; then
+      start_session "$v" "$v-spec" "${SPEC_MODULES[@]}"
+      ignores=()
+      for m in "${SPEC_MODULES[@]}"; do ignores+=("--ignore=$m"); done
+      start_session "$v" "$v-rest" "${ignores[@]}"
+    else
+      start_session "$v" "$log_tag$v" "$@"
+    fi
   done
   for pid in "${pids[@]}"; do
     wait "$pid" || status=$?
   done
-  for v in $versions; do
-    grep -E "^(=+ .*(passed|failed|error).* =+|== SGLang )" "build/test-$log_tag$v.log" | sed "s/^/[$v] /" || true
+  for label in "${labels[@]}"; do
+    grep -E "^(=+ .*(passed|failed|error).* =+|== SGLang )" "build/test-$label.log" | sed "s/^/[$label] /" || true
   done
 else
   for v in $versions; do
     echo "== tests against SGLang $v"
-    run_suite "$v" "$@" || status=$?
+    run_suite "$v" "$log_tag$v" "$@" || status=$?
   done
 fi
 [ "$fast" = 1 ] && echo "== fast tier: $SECONDS s in all"
