@@ -411,6 +411,31 @@ def test_nextn_shows_as_the_eagle_sglang_runs(capsys):
     assert "--speculative-algorithm NEXTN runs as EAGLE" in detail
 
 
+def test_an_mtp_draft_is_named(capsys, tmp_path):
+    """NEXTN on a MiMo target: doctor names the MTP layer SGLang builds as the
+    draft (the config only; no weights are read)."""
+    config = json.loads((Path(MODEL) / "config.json").read_text())
+    config.update(
+        architectures=["MiMoForCausalLM"],
+        model_type="qwen2",
+        num_nextn_predict_layers=1,
+    )
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    mimo = str(tmp_path)
+    code, report = doctor(
+        capsys,
+        "--",
+        *("--model-path", mimo, "--device", "cpu"),
+        *("--speculative-algorithm", "NEXTN", "--speculative-draft-model-path", mimo),
+        *CHAIN,
+        *("--speculative-num-draft-tokens", "4"),
+    )
+    assert code == 0, failed(report)
+    detail = by_name(report)["speculative flags"]["detail"]
+    assert "MTP draft MiMoMTP" in detail, detail
+    assert "--speculative-algorithm NEXTN runs as EAGLE" in detail, detail
+
+
 @pytest.mark.skipif(not PLUGIN_LOADER, reason="0.5.9 gates chain drafts only")
 def test_sglangs_own_tree_shows_as_gated_on_0_5_23(capsys):
     """No shape flags on 0.5.23: SGLang's own tree, gated with eager sync."""
