@@ -44,7 +44,7 @@ from support.gated_server import (
     status,
 )
 from support.glm_moe import DRAFT_ARCHITECTURE, build_glm_moe
-from support.server import serve
+from support.server import serve, serve_together
 from support.spec_server import shim_first_calls
 from support.timings import note
 
@@ -95,29 +95,18 @@ def glm_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(glm_model, tmp_path_factory) -> list[list[int]]:
-    """The greedy answers of a server without speculation."""
-    t0 = time.monotonic()
-    log = tmp_path_factory.mktemp("glm-baseline") / "baseline.log"
-    with serve(glm_model, log) as srv:
-        out = generate_many(srv.base_url, [(p, NEW_TOKENS) for p in PROMPTS])
-    note(f"SGLang {VERSION}: GLM-4.5 MoE baseline: {time.monotonic() - t0:.0f} s")
-    return [r["output_ids"] for r in out]
-
-
-@pytest.fixture(scope="module")
-def gated(glm_model, reference, test_plugins, tmp_path_factory):
+def servers(glm_model, test_plugins, tmp_path_factory):
     """A gated NEXTN server of the GLM target (policy ``never`` until a test
-    sets one); SGLang fills the draft path in, passing it changes nothing."""
-    root = tmp_path_factory.mktemp("glm-gated")
+    sets one; SGLang fills the draft path in, passing it changes nothing) and
+    a server without speculation, started together."""
+    root = tmp_path_factory.mktemp("glm-servers")
     gate_args = [
         "--gate-policy", "never",
         "--gate-draft-sync", "eager",
         "--gate-decision-log", str(root / "decisions"),
         "--gate-status-dir", str(root / "status"),
     ]  # fmt: skip
-    t0 = time.monotonic()
-    with serve(
+    gated_server = serve(
         glm_model,
         root / "server.log",
         draft_dir=glm_model,
@@ -128,11 +117,32 @@ def gated(glm_model, reference, test_plugins, tmp_path_factory):
         env=ENV,
         pythonpath=[test_plugins],
         ready_timeout_s=400,
-    ) as srv:
-        yield Gated(srv.base_url, srv.log_path, root / "decisions")
-        log = srv.log_text()
-    note(f"SGLang {VERSION}: gated GLM-4.5 NEXTN server: {time.monotonic() - t0:.0f} s")
+    )
+    t0 = time.monotonic()
+    with serve_together([gated_server, serve(glm_model, root / "baseline.log")]) as (
+        gated,
+        baseline,
+    ):
+        note(
+            f"SGLang {VERSION}: GLM-4.5 servers (gated NEXTN + no-spec) up in "
+            f"{time.monotonic() - t0:.0f} s"
+        )
+        yield Gated(gated.base_url, gated.log_path, root / "decisions"), baseline
+        log = gated.log_text()
+    note(f"SGLang {VERSION}: GLM-4.5 servers held {time.monotonic() - t0:.0f} s")
     assert not log_failures(log), log[-4000:]
+
+
+@pytest.fixture(scope="module")
+def gated(servers) -> Gated:
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def reference(servers) -> list[list[int]]:
+    """The greedy answers of the server without speculation."""
+    out = generate_many(servers[1].base_url, [(p, NEW_TOKENS) for p in PROMPTS])
+    return [r["output_ids"] for r in out]
 
 
 def spec_accept_lengths(decision_dir: Path, spec_steps: int) -> list[int]:
