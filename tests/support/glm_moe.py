@@ -239,14 +239,18 @@ def build_glm_moe(
 
     llama_dir, out_dir = Path(llama_dir), Path(out_dir)
     fp = _tokenizer_hash(llama_dir)
-    info = read_glm_info(out_dir)
-    if (
-        info
-        and info.get("version") == VERSION
-        and info.get("tokenizer_sha256") == fp
-        and info.get("seed") == seed
-        and (out_dir / WEIGHTS_FILE).exists()
-    ):
+
+    def built() -> bool:
+        info = read_glm_info(out_dir)
+        return bool(
+            info
+            and info.get("version") == VERSION
+            and info.get("tokenizer_sha256") == fp
+            and info.get("seed") == seed
+            and (out_dir / WEIGHTS_FILE).exists()
+        )
+
+    if built():
         return out_dir
 
     tmp = out_dir.with_name(f"{out_dir.name}.tmp{os.getpid()}")
@@ -259,6 +263,11 @@ def build_glm_moe(
             shutil.copy(llama_dir / name, tmp / name)
     info = {"version": VERSION, "tokenizer_sha256": fp, "seed": seed}
     (tmp / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    # sessions side by side (both SGLang versions) may build it at once: a
+    # finished build is never removed, only a stale one
+    if built():
+        shutil.rmtree(tmp, ignore_errors=True)
+        return out_dir
     if out_dir.exists():
         shutil.rmtree(out_dir, ignore_errors=True)
     try:
