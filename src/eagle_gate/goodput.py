@@ -17,13 +17,8 @@ from __future__ import annotations
 import math
 import warnings
 
-from eagle_gate.goodput_estimates import (
-    FAST_REQUESTS,
-    Z_CHANGE2,
-    Level,
-    StepTime,
-    depth,
-)
+from eagle_gate.goodput_accept import PREDICTED_REQUESTS, GoodputAcceptance
+from eagle_gate.goodput_estimates import FAST_REQUESTS, Level, StepTime
 from eagle_gate.goodput_report import GoodputReport
 from eagle_gate.goodput_settings import GOODPUT_SETTINGS
 from eagle_gate.hookspecs import hookimpl
@@ -52,11 +47,6 @@ _LONG_PROBE = 4
 _CHECK_EVERY = 4
 #: unused probe budget is capped at this many probes' time.
 _CREDIT_PROBES = 2.0
-#: a prediction of the accept length from the PLAIN side counts as this
-#: many requests: a model's guess (the depth profile, an offset assumed
-#: constant); where the next SPEC samples lean away from it, the probe goes
-#: on (_LEAN) until they outweigh it.
-_PREDICTED_REQUESTS = 16.0
 #: weight of one stay in SPEC in their EMA: entering SPEC must gain its
 #: resync back within the stays seen (at most ``stale_steps``): a batch that
 #: leaves SPEC's range within 4 steps does not pay a resync of 3 SPEC steps
@@ -66,21 +56,22 @@ _STAY_WEIGHT = 0.25
 #: a SPEC probe goes on while its samples lean towards a rise: the change
 #: test's sum above this (a quarter of the way to a restart).
 _LEAN = 2.0
-#: a SPEC-side restart the PLAIN side contradicts by more than this many
-#: standard errors (squared) is replaced by the PLAIN side's view (2.5: two
-#: estimates disagree, not one against noise).
-_Z_ANCHOR2 = 2.5 * 2.5
 #: PLAIN-side requests behind the new reference before it checks a change
 #: the SPEC side detected (a ratio of two noisy agreements is noisy).
 _CHECK_REQUESTS = 64.0
 #: weight of one interval between acceptance changes in their EMA.
 _GAP_WEIGHT = 0.25
+#: while the home mode has no timed step (a prefill before each of its
+#: steps: SPEC at batch 250 finishes requests every step), the other mode is
+#: looked at every this many probes' steps: its steps may be timed, and the
+#: SPEC step after it gives a provisional SPEC time (see ``_prov``).
+_COLD_LOOK = 2
 #: at least this many steps between switches: a decision's outcome arrives
 #: up to two steps late, plus the step that acts on it.
 _MIN_DWELL = 3
 
 
-class Goodput(GoodputReport):
+class Goodput(GoodputAcceptance, GoodputReport):
     """Run whichever of SPEC and PLAIN is measured to emit more tokens/second."""
 
     name = "goodput"
@@ -94,7 +85,7 @@ class Goodput(GoodputReport):
         "_last", "_probe_left", "_probe_mode", "_credit", "_credit_cap",
         "_decided", "_probed", "_prev_mode", "_next_check", "_lean",
         "_change_step", "_change_gap", "_refill", "_check_a", "_check_p",
-        "_stay",
+        "_stay", "_prov",
     )  # fmt: skip
 
     def __init__(
@@ -152,6 +143,11 @@ class Goodput(GoodputReport):
         self._check_a = self._check_p = 0.0
         self._stay = float(self.stale_steps)  # steps a SPEC stay lasts
         self._change_step = -1  # the last detected acceptance change
+        # True: the SPEC line holds only a resync step's time (an upper
+        # bound, replaced by the first SPEC step timed without a resync);
+        # None: SPEC steps went untimed while the line was empty (a resync
+        # step may stand in)
+        self._prov: bool | None = False
         self._change_gap = 0.0  # steps between changes (0: fewer than two)
 
     # -- deciding -------------------------------------------------------------
@@ -172,7 +168,15 @@ class Goodput(GoodputReport):
             # the other one (SPEC also gives the acceptance), from the budget
             self._s = view.num_draft_tokens - 1
             if fit_h.w == 0.0:
-                return home
+                # nothing timed of the home mode: a look at the other one
+                # every few steps (it may be timed where the home mode's
+                # steps are not), else the home mode runs blind
+                step = view.step
+                wait = _COLD_LOOK * self.probe_steps
+                if step < wait or step < self._next_check:
+                    return home
+                self._next_check = step + wait
+                return self._probe(away, 0)
             t = self.probe_steps * fit_h.predict(b)
             long_cost = _LONG_PROBE * t * (1.0 + self._resync_rel)
             if not self._afford(t * (1.0 + self._switch_rel), 0.0, long_cost):
@@ -245,7 +249,7 @@ class Goodput(GoodputReport):
             # prediction: a PLAIN probe then puts off the SPEC samples that
             # would settle it, while the PLAIN side moves it again)
             uncertain = g * g < _Z_PROBE * _Z_PROBE * se2 and (
-                home is _PLAIN or self._acc.n >= 2.0 * _PREDICTED_REQUESTS
+                home is _PLAIN or self._acc.n >= 2.0 * PREDICTED_REQUESTS
             )
             if self._refill:  # a PLAIN-side change: refill where it can pay
                 self._refill = False
@@ -254,7 +258,7 @@ class Goodput(GoodputReport):
             if uncertain:
                 # uncertain: a long probe (more samples per resync); a short
                 # first look where the other mode never ran at such a batch
-                if not far:
+                if not far and self._prov is not True:
                     n *= _LONG_PROBE
             else:
                 # clear: re-probe once stale, and when the probe's expected
@@ -306,16 +310,6 @@ class Goodput(GoodputReport):
         self._probed += k
         return mode
 
-    def _acc_rel_var(self) -> float:
-        """Squared relative standard error of the acceptance estimate."""
-        acc = self._acc
-        a = self._accept
-        v = acc.var / (acc.n * a * a)
-        p1 = self._p1
-        if p1.n and p1.slow > 0.0:
-            v += p1.var / (p1.n * p1.slow * p1.slow)
-        return v
-
     # -- learning -------------------------------------------------------------
 
     def observe(self, outcome: StepOutcome) -> None:
@@ -352,13 +346,27 @@ class Goodput(GoodputReport):
             p1 = self._p1
             if p1.n >= FAST_REQUESTS:
                 self._p1_ref = p1.slow
-            if dt is None or dt <= 0.0:
-                return
             fit = self._times[0]
+            if dt is None or dt <= 0.0:
+                if fit.w == 0.0:  # SPEC goes untimed: a stand-in may serve
+                    self._prov = None
+                return
             if prev is not _SPEC:
                 # the first SPEC step after PLAIN carries the draft's resync
                 # (measured where the fit knows the batch: 4 samples' worth)
-                if fit.w == 0.0 or fit.leverage(b) > _RESYNC_LEVERAGE:
+                if fit.w == 0.0:
+                    # no SPEC step timed yet, and SPEC steps went untimed
+                    # (SPEC at a large batch finishes requests at every
+                    # step, and the next step comes after a prefill): this
+                    # one stands in, resync and all, until a SPEC step is
+                    # timed without it
+                    if self._prov is not None:
+                        return
+                    fit.add(b, dt)
+                    self._last[0] = outcome.step
+                    self._prov = True
+                    return
+                if fit.leverage(b) > _RESYNC_LEVERAGE:
                     return
                 rel = dt / fit.predict(b) - 1.0
                 n = self._n_resync + 1
@@ -367,6 +375,9 @@ class Goodput(GoodputReport):
                 self._resync_rel += w * ((rel if rel > 0.0 else 0.0) - self._resync_rel)
                 self._update_switch_costs()
                 return
+            if self._prov is True:  # the stand-in gives way to a timed step
+                self._prov = False
+                fit.__init__()
         else:
             mode = _PLAIN
             m = outcome.draft_matches
@@ -408,65 +419,6 @@ class Goodput(GoodputReport):
         g = step - last
         gap = self._change_gap
         self._change_gap = g if gap == 0.0 else gap + _GAP_WEIGHT * (g - gap)
-
-    def _update_accept(self, p_now: float, changed: bool) -> None:
-        """The decision's acceptance while PLAIN runs: the SPEC steps' accept
-        length, moved along with the PLAIN-side first-position acceptance
-        (eager sync) through the draft's geometric depth profile. Only its
-        change since the last SPEC step counts (``p_now`` against
-        ``_p1_ref``, both PLAIN-side), so a constant offset between PLAIN-side
-        agreement and SPEC's first-position acceptance cancels. On a detected
-        change the accept length restarts from this prediction (the next
-        SPEC steps refine it), and the reference moves to ``p_now``."""
-        s = self._s
-        acc = self._acc
-        a = 1.0 + (acc.slow - 1.0) * (depth(p_now, s) / depth(self._p1_ref, s))
-        self._accept = a
-        if changed:
-            acc.restart(a, _PREDICTED_REQUESTS)
-            self._p1_ref = p_now
-
-    def _check(self, p1: Level) -> None:
-        """A change the SPEC side detected, checked against the PLAIN side
-        once it has ``_CHECK_REQUESTS`` requests behind its new reference:
-        the agreement before the change and the acceptance it went with say
-        what the change should look like now. Where the SPEC side's restart
-        (a few requests at batch 1) lies beyond both estimates' noise from
-        that, it was a false alarm or undershot, and the estimate restarts
-        from the PLAIN side's view (a false restart to 1.25 in a phase at
-        3.1 left the policy in PLAIN for ~1,000 steps)."""
-        q = self._check_p
-        self._check_p = 0.0
-        p = p1.slow
-        s = self._s
-        acc = self._acc
-        a = 1.0 + (self._check_a - 1.0) * (depth(p, s) / depth(q, s))
-        d = a - acc.slow
-        # the prediction's noise: both agreements' (the older one taken as
-        # noisy as this), through the depth profile's elasticity (<= 2)
-        e = (a - 1.0) / p
-        v = acc.var / acc.n + 8.0 * e * e * p1.var / p1.n
-        if d * d > _Z_ANCHOR2 * v:
-            acc.restart(a, _PREDICTED_REQUESTS)
-            self._accept = a
-            self._p1_ref = p
-
-    def _rebase(self, acc: Level) -> None:
-        """First SPEC step after PLAIN: where the PLAIN side moved the
-        decision's acceptance beyond the SPEC estimate's noise, restart that
-        estimate from it (as on a detected change); an estimate that is a
-        PLAIN-side prediction itself (no SPEC sample since) takes it as is.
-        Without this a change the PLAIN side *followed* but never *detected*
-        (a recovery after a false restart, a gradual drift) is forgotten at
-        the next SPEC step."""
-        a = self._accept
-        d = a - acc.slow
-        if not acc.n or d == 0.0:
-            return
-        if acc.n <= _PREDICTED_REQUESTS:  # a PLAIN-side prediction itself
-            acc.slow = a
-        elif d * d > Z_CHANGE2 * acc.var / acc.n:
-            acc.restart(a, _PREDICTED_REQUESTS)
 
     def _update_switch_costs(self) -> None:
         """What a switch costs (the measured resync, at least ``switch_cost``),

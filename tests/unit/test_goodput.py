@@ -35,13 +35,15 @@ def drive(
     p1=None,
     start=0,
     seed=0,
+    untimed=None,
 ):
     """Run ``steps`` decode steps; outcomes arrive 1-2 steps late (in order).
     ``batch``, ``t_plain``, ``t_spec``, ``acc`` (tokens per request of a SPEC
     step), ``resync`` and ``p1`` may be callables of the step. ``p1``: the
     first-position acceptance PLAIN outcomes report as ``draft_matches``
     (eager sync); None: not reported (lazy/none sync). Returns the modes run
-    and the time each step took."""
+    and the time each step took. ``untimed(i, prev)`` True: step ``i``'s
+    interval is None (``prev``: the mode of the step before)."""
     rng = random.Random(seed)
     view = StepView(num_draft_tokens=4)
     modes, times = [], []
@@ -70,7 +72,9 @@ def drive(
             if p1 is not None:
                 p = _val(p1, i)
                 matches = sum(rng.random() < p for _ in range(b))
-        interval = None if none_every and i % none_every == 0 else dt
+        interval = dt
+        if none_every and i % none_every == 0 or untimed and untimed(i, prev):
+            interval = None
         release = max(last_release, i + rng.randint(1, 2))
         last_release = release
         out = StepOutcome(mode, b, tokens, lens, interval, i, matches)
@@ -289,6 +293,65 @@ def test_dearer_resync_switches_less():
         drive(pol, 4000, _flipping, _tp, _ts, 3.0, resync=resync)
         counts.append(pol.switches)
     assert counts[1] < counts[0]
+
+
+# -- steps that cannot be timed (prefills) -----------------------------------------
+
+
+def _after_spec(i, prev):
+    """SPEC at a large batch finishes requests at every step, so the next
+    step comes after a prefill: untimed (single-gpu-8b at C=250: 2 of 73
+    always-SPEC steps are timed); after a PLAIN step, mostly timed."""
+    return prev is not Mode.PLAIN
+
+
+def test_a_home_mode_never_timed_is_not_run_blind():
+    """Started in SPEC, 5x a PLAIN step and 3 tokens per request (PLAIN
+    ahead), with every step after a SPEC step untimed: no SPEC step is ever
+    timed but one after PLAIN (which carries the resync). Without the cold
+    look at PLAIN the policy runs SPEC blind for good; with the look but
+    without the resync step standing in for SPEC's time it keeps looking,
+    about half the steps SPEC."""
+    modes, _ = drive(
+        Goodput(), 300, 250, 0.02, 0.1, 3.0, resync=0.002, untimed=_after_spec
+    )
+    assert share(modes, Mode.SPEC) <= 0.1, share(modes, Mode.SPEC)
+
+
+def test_a_stand_in_for_spec_time_is_probed_short_until_a_step_is_timed():
+    """SPEC is ahead (3 tokens per 2 PLAIN steps' time), but for the first
+    100 steps no SPEC step is timed except one after PLAIN, whose resync of
+    0.75 SPEC step makes the stand-in put SPEC ~15% behind: the call is
+    uncertain. Long probes (12 SPEC steps for one untimed stretch) spent the
+    start credit on nothing: the policy went on in PLAIN until step ~1,490.
+    Short ones leave credit for the look that times SPEC (~380 steps)."""
+    modes, _ = drive(
+        Goodput(), 1500, 8, 0.02, 0.04, 3.0, resync=0.03,
+        untimed=lambda i, prev: i < 100 and prev is not Mode.PLAIN,
+    )  # fmt: skip
+    got = steps_to(modes, Mode.SPEC, 0)
+    assert got is not None and got <= 600, got
+
+
+def test_the_stand_in_gives_way_to_the_first_timed_spec_step():
+    """The resync step's time stands in for SPEC's line only where SPEC
+    steps went untimed and none was timed: the first one timed replaces it
+    (kept beside it, a resync of 7 SPEC steps would weigh on the line for
+    hundreds of samples)."""
+    pol = Goodput(initial_mode="plain")
+    steps = [(Mode.PLAIN, 1, 0.02)] * 4 + [(Mode.SPEC, 3, None), (Mode.PLAIN, 1, 0.02)]
+    steps += [(Mode.SPEC, 3, 0.3), (Mode.SPEC, 3, 0.04)]
+    for i, (mode, a, dt) in enumerate(steps):
+        pol.observe(StepOutcome(mode, 8, 8 * a, (a,) * 8, dt, i))
+        if i == 6:
+            assert pol._times[Mode.SPEC].predict(8) == pytest.approx(0.3)
+    assert pol._times[Mode.SPEC].predict(8) == pytest.approx(0.04)
+    # where every step is timed, a resync step never enters the line (the
+    # next SPEC step is timed anyway; a stand-in changed the start's probes)
+    pol = Goodput(initial_mode="plain")
+    for i, (mode, a, dt) in enumerate(steps[:4] + steps[6:7]):
+        pol.observe(StepOutcome(mode, 8, 8 * a, (a,) * 8, dt, i))
+    assert pol._times[Mode.SPEC].w == 0.0
 
 
 @pytest.mark.parametrize("initial", ["spec", "plain"])
