@@ -25,16 +25,29 @@ PLUGIN_SOURCES = (REPO / "tests" / "policies", REPO / "examples" / "third_party_
 
 def install_test_plugins(target: Path) -> Path:
     """Install the test policy plugins into ``target`` (not into the
-    environment); servers find them through ``PYTHONPATH``."""
+    environment); servers find them through ``PYTHONPATH``.
+
+    Each source is built from a private copy: setuptools writes ``build/``
+    and ``*.egg-info`` into the source tree, and the test sessions that run
+    side by side (``scripts/test.sh``) would otherwise build in the same
+    folder at once and break each other's wheels."""
+    import shutil
+    import tempfile
+
     target.mkdir(parents=True, exist_ok=True)
     for source in PLUGIN_SOURCES:
-        subprocess.run(
-            [
-                sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                "--no-build-isolation", "--target", str(target), str(source),
-            ],
-            check=True,
-        )  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="eagle-gate-plugin-") as tmp:
+            copy = Path(tmp) / Path(source).name
+            shutil.copytree(
+                source, copy, ignore=shutil.ignore_patterns("build", "*.egg-info")
+            )
+            subprocess.run(
+                [
+                    sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--target", str(target), str(copy),
+                ],
+                check=True,
+            )  # fmt: skip
     return target
 
 
