@@ -4,7 +4,8 @@
 the EAGLE-3 draft trained on its outputs (``support.trained_draft``), built
 under ``root`` unless already there for this target; ``mtp_model(root)`` the
 tiny MiMo target built from it, whose trained MTP layer is its NEXTN draft
-(``support.trained_mtp``). The session fixture
+(``support.trained_mtp``); ``main`` also builds the tiny GLM-4.5 MoE of
+``support.glm_moe``. The session fixture
 ``spec_models`` calls it; ``scripts/test.sh`` runs this module once before it
 tests the SGLang versions side by side, so the two test sessions never train
 the draft at the same time into the same directory::
@@ -80,6 +81,10 @@ def main(argv: list[str]) -> int:
         f"models in {argv[0]}: target {target.name}, draft {draft.name} "
         f"(offline accept length {info.get('accept_length')}, {seconds:.0f} s)"
     )
+    from support.glm_moe import build_glm_moe
+
+    glm = build_glm_moe(llama, Path(argv[0]) / "tiny-glm4-moe")  # seconds
+    print(f"GLM-4.5 MoE model in {argv[0]}: {glm.name}")
     mtp.join()
     if mtp.exitcode != 0:
         print(f"building the MTP model failed ({mtp.exitcode})", file=sys.stderr)
