@@ -17,13 +17,14 @@ had it). Against a server without speculation of the same target:
   ``Glm4MoeForCausalLMNextN``);
 * greedy outputs of a batch of four stay token-identical while a fixed
   schedule forces PLAIN stretches of 1, 2 and 4 steps between SPEC steps
-  that accept draft tokens.
+  that accept draft tokens;
+* the mixed-traffic soak of ``support.soak``.
 
 The NextN layer is not trained, but the checkpoint is shaped so that its
 proposals are often right (``support.glm_moe``: accept length about 2), so the
 SPEC steps between the stretches accept whole chains, part chains and nothing,
 and the decision log shows it. Kept small: one server pair, one batch of four
-short requests.
+short requests, the soak.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import pytest
 import sglang_env
+from support import soak
 from support.gated_server import (
     decision_records,
     generate_many,
@@ -204,3 +206,14 @@ def test_glm_outputs_identical_through_plain_stretches(gated, reference):
         # the draft shares the target's embedding and head through the
         # stand-in (and only through it: no CUDA here)
         assert "torch.cuda.synchronize(no CUDA)" in shim_first_calls(gated.log_text())
+
+
+def test_glm_soak_of_mixed_traffic(servers):
+    """``support.soak``'s mixed traffic (sampling, logprobs, stop strings,
+    n = 2, grammar, aborts, dropped streams, bad input, runtime policy
+    changes) against the gated GLM-4.5 server, references from the server
+    without speculation."""
+    gated, baseline = servers
+    soak.soak_and_check(
+        gated.base_url, gated.log_text, soak.references(baseline.base_url)
+    )
