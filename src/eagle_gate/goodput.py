@@ -175,6 +175,10 @@ class Goodput(GoodputAcceptance, GoodputReport):
                 wait = _COLD_LOOK * self.probe_steps
                 if step < wait or step < self._next_check:
                     return home
+                # untimed, so priced in steps: a switch dearer than the whole
+                # budget's steps never fits (a huge switch_cost stays put)
+                if self._switch_rel > _CREDIT_PROBES * _LONG_PROBE * wait:
+                    return home
                 self._next_check = step + wait
                 return self._probe(away, 0)
             t = self.probe_steps * fit_h.predict(b)

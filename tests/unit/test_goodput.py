@@ -318,6 +318,18 @@ def test_a_home_mode_never_timed_is_not_run_blind():
     assert share(modes, Mode.SPEC) <= 0.1, share(modes, Mode.SPEC)
 
 
+def test_a_huge_switch_cost_holds_even_where_nothing_is_timed():
+    """The cold look at the other mode is a switch too: with a switch cost
+    above the whole probe budget (#23's setting) it never comes, even while
+    the home mode's steps go untimed (a live 0.5.23 server saw SPEC looks
+    under switch_cost=1e6 until this held)."""
+    modes, _ = drive(
+        Goodput(switch_cost=1e6), 300, 250, 0.02, 0.1, 3.0, resync=0.002,
+        untimed=_after_spec,
+    )  # fmt: skip
+    assert share(modes, Mode.SPEC) == 1.0, share(modes, Mode.SPEC)
+
+
 def test_a_stand_in_for_spec_time_is_probed_short_until_a_step_is_timed():
     """SPEC is ahead (3 tokens per 2 PLAIN steps' time), but for the first
     100 steps no SPEC step is timed except one after PLAIN, whose resync of
