@@ -46,7 +46,7 @@ from support.gated_server import (
     status,
 )
 from support.glm_moe import DRAFT_ARCHITECTURE, build_glm_moe
-from support.server import serve, serve_together
+from support.server import nextn_server, serve, serve_together
 from support.spec_server import shim_first_calls
 from support.timings import note
 
@@ -61,14 +61,6 @@ PROMPTS = (
 NEW_TOKENS = 24
 #: PLAIN stretches of 1, 2 and 4 steps between SPEC steps, repeated
 SCHEDULE = "s2,p1,s1,p2,s2,p4"
-
-ENV = {
-    "EAGLE_GATE_CONTROL_EVERY": "1",
-    "EAGLE_GATE_OPS_INTERVAL_S": "0.2",
-    "EAGLE_GATE_DECISION_LOG_RATE": "100000",
-    "SGLANG_IS_IN_CI": "1",
-    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
-}
 
 
 @dataclass(frozen=True)
@@ -86,13 +78,11 @@ def glm_model(tmp_path_factory) -> Path:
     """The tiny GLM-4.5 MoE target with its NextN layer, cached under
     ``EAGLE_GATE_MODEL_CACHE`` when set (next to the tiny Llama whose
     tokenizer it takes)."""
-    from support.tiny_model import build_tiny_llama
+    from support.model_cache import tiny_llama
 
     cache = os.environ.get("EAGLE_GATE_MODEL_CACHE")
     root = Path(cache) if cache else tmp_path_factory.mktemp("glm-model")
-    llama = root / "tiny-llama"
-    if not (llama / "config.json").exists():
-        build_tiny_llama(llama)
+    llama = tiny_llama(root)
     return build_glm_moe(llama, root / "tiny-glm4-moe")
 
 
@@ -102,24 +92,7 @@ def servers(glm_model, test_plugins, tmp_path_factory):
     sets one; SGLang fills the draft path in, passing it changes nothing) and
     a server without speculation, started together."""
     root = tmp_path_factory.mktemp("glm-servers")
-    gate_args = [
-        "--gate-policy", "never",
-        "--gate-draft-sync", "eager",
-        "--gate-decision-log", str(root / "decisions"),
-        "--gate-status-dir", str(root / "status"),
-    ]  # fmt: skip
-    gated_server = serve(
-        glm_model,
-        root / "server.log",
-        draft_dir=glm_model,
-        algorithm="NEXTN",
-        launcher="gate",
-        overlap=True,
-        gate_args=gate_args,
-        env=ENV,
-        pythonpath=[test_plugins],
-        ready_timeout_s=400,
-    )
+    gated_server = nextn_server(glm_model, root, "eager", test_plugins)
     t0 = time.monotonic()
     with serve_together([gated_server, serve(glm_model, root / "baseline.log")]) as (
         gated,

@@ -35,20 +35,11 @@ from support.draft_state import (
     check_draft_state,
 )
 from support.gated_server import generate_many, log_failures, status
-from support.server import serve, serve_together
+from support.server import nextn_server, serve, serve_together
 from support.timings import note
 from support.trained_mtp import read_mtp_info
 
 VERSION = sglang_env.version()
-
-#: what every gated MTP server here gets besides its draft sync
-ENV = {
-    "EAGLE_GATE_CONTROL_EVERY": "1",
-    "EAGLE_GATE_OPS_INTERVAL_S": "0.2",
-    "EAGLE_GATE_DECISION_LOG_RATE": "100000",
-    "SGLANG_IS_IN_CI": "1",
-    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
-}
 
 
 @dataclass(frozen=True)
@@ -61,29 +52,6 @@ class Gated:
         return self.log_path.read_text(errors="replace")
 
 
-def gated_server(model: Path, root: Path, draft_sync: str, test_plugins):
-    """A gated NEXTN server of ``model`` (policy ``never`` until a test sets
-    one), its decision log in ``root/decisions``."""
-    gate_args = [
-        "--gate-policy", "never",
-        "--gate-draft-sync", draft_sync,
-        "--gate-decision-log", str(root / "decisions"),
-        "--gate-status-dir", str(root / "status"),
-    ]  # fmt: skip
-    return serve(
-        model,
-        root / "server.log",
-        draft_dir=model,
-        algorithm="NEXTN",
-        launcher="gate",
-        overlap=True,
-        gate_args=gate_args,
-        env=ENV,
-        pythonpath=[test_plugins],
-        ready_timeout_s=400,
-    )
-
-
 @pytest.fixture(scope="module")
 def servers(mtp_model, test_plugins, tmp_path_factory):
     """The gated NEXTN server (eager draft sync) and a server without
@@ -91,7 +59,7 @@ def servers(mtp_model, test_plugins, tmp_path_factory):
     root = tmp_path_factory.mktemp("mtp-eager")
     t0 = time.monotonic()
     managers = [
-        gated_server(mtp_model, root, "eager", test_plugins),
+        nextn_server(mtp_model, root, "eager", test_plugins),
         serve(mtp_model, root / "baseline.log"),
     ]
     with serve_together(managers) as (gated, baseline):
@@ -175,7 +143,7 @@ def test_mtp_draft_state_without_sync_is_caught(
     stretch propose from a stale MTP state, and the same check sees it."""
     n = NONE_CONTROL_REQUESTS
     few = OfflineDraft(mtp_model, mtp_model, DRAFT_PROMPTS[:n], reference["draft"][:n])
-    with gated_server(mtp_model, tmp_path, "none", test_plugins) as srv:
+    with nextn_server(mtp_model, tmp_path, "none", test_plugins) as srv:
         check_draft_state(
             srv.base_url,
             tmp_path / "decisions",

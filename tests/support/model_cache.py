@@ -20,16 +20,24 @@ import time
 from pathlib import Path
 
 
+def tiny_llama(root: Path | str) -> Path:
+    """The tiny Llama under ``root`` (built once): the EAGLE-3 target, and
+    the weights and tokenizer the MiMo and GLM models start from."""
+    from support.tiny_model import build_tiny_llama
+
+    llama = Path(root) / "tiny-llama"
+    if not (llama / "config.json").exists():
+        build_tiny_llama(llama)
+    return llama
+
+
 def spec_models(root: Path | str) -> tuple[Path, Path, float]:
     """``(target, draft, seconds)``: seconds is the time the draft took (about
     0 when it was cached)."""
-    from support.tiny_model import build_tiny_llama
     from support.trained_draft import build_trained_eagle3_draft
 
     root = Path(root)
-    target = root / "tiny-llama"
-    if not (target / "config.json").exists():
-        build_tiny_llama(target)
+    target = tiny_llama(root)
     t0 = time.monotonic()
     draft = build_trained_eagle3_draft(target, root / "tiny-eagle3-trained")
     return target, draft, time.monotonic() - t0
@@ -41,11 +49,7 @@ def mtp_model(root: Path | str) -> tuple[Path, float]:
     from support.trained_mtp import build_mimo_target
 
     root = Path(root)
-    llama = root / "tiny-llama"
-    if not (llama / "config.json").exists():
-        from support.tiny_model import build_tiny_llama
-
-        build_tiny_llama(llama)
+    llama = tiny_llama(root)
     t0 = time.monotonic()
     model = build_mimo_target(llama, root / "tiny-mimo-mtp")
     return model, time.monotonic() - t0
@@ -64,13 +68,10 @@ def main(argv: list[str]) -> int:
         return 2
     import multiprocessing
 
-    from support.tiny_model import build_tiny_llama
     from support.trained_draft import read_draft_info
     from support.trained_mtp import read_mtp_info
 
-    llama = Path(argv[0]) / "tiny-llama"
-    if not (llama / "config.json").exists():
-        build_tiny_llama(llama)
+    llama = tiny_llama(argv[0])
     mtp = multiprocessing.get_context("spawn").Process(
         target=_build_mtp, args=(argv[0],)
     )

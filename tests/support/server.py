@@ -356,6 +356,45 @@ def serve(
         yield server
 
 
+#: what the gated NEXTN test servers get besides their draft sync: runtime
+#: changes at the next step, status every 0.2 s, every decision logged,
+#: SGLang's CI asserts and its strict idle memory check.
+E2E_GATE_ENV = {
+    "EAGLE_GATE_CONTROL_EVERY": "1",
+    "EAGLE_GATE_OPS_INTERVAL_S": "0.2",
+    "EAGLE_GATE_DECISION_LOG_RATE": "100000",
+    "SGLANG_IS_IN_CI": "1",
+    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
+}
+
+
+def nextn_server(
+    model: Path, root: Path, draft_sync: str, test_plugins: Path
+) -> contextlib.AbstractContextManager[RunningServer]:
+    """A gated NEXTN server of an MTP ``model`` (its own draft; policy
+    ``never`` until a test sets one, the test plugins on its path), its log in
+    ``root/server.log``, decision log in ``root/decisions``, status in
+    ``root/status``."""
+    gate_args = [
+        "--gate-policy", "never",
+        "--gate-draft-sync", draft_sync,
+        "--gate-decision-log", str(root / "decisions"),
+        "--gate-status-dir", str(root / "status"),
+    ]  # fmt: skip
+    return serve(
+        model,
+        root / "server.log",
+        draft_dir=model,
+        algorithm="NEXTN",
+        launcher="gate",
+        overlap=True,
+        gate_args=gate_args,
+        env=E2E_GATE_ENV,
+        pythonpath=[test_plugins],
+        ready_timeout_s=400,
+    )
+
+
 @contextlib.contextmanager
 def serve_together(
     managers: Sequence[contextlib.AbstractContextManager],
