@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,16 +29,17 @@ from pathlib import Path
 
 import psutil
 
+from support.ports import reserve_port
+
 # Plugin names listed in SGLANG_PLUGINS are the only entry-point plugins SGLang
 # (0.5.23+) loads; a name no plugin has disables them all.
 NO_PLUGINS = "__none__"
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 for a server: free now, and not handed to any
+    concurrent test session recently (``support.ports``)."""
+    return reserve_port()
 
 
 def cpu_server_args(

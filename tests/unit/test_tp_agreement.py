@@ -11,9 +11,9 @@ rank 1 diverges, which is what would deadlock a real TP server.
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 
 import pytest
+from support.ports import reserve_port
 
 WORLD = 3
 STEPS = 400
@@ -21,12 +21,6 @@ BATCH = 8
 ACCEPT = 3  # tokens per request in a SPEC step (same on every rank)
 PLAIN_S = 0.010
 SPEC_S = {0: 0.020, 1: 0.040, 2: 0.025}  # rank 1 finds SPEC slower than PLAIN
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank: int, port: int, agree: bool, out) -> None:
@@ -76,7 +70,7 @@ def _rank_main(rank: int, port: int, agree: bool, out) -> None:
 def run_ranks(agree: bool) -> dict[int, tuple[list[int], int]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = reserve_port()
     procs = [
         ctx.Process(target=_rank_main, args=(r, port, agree, out)) for r in range(WORLD)
     ]
