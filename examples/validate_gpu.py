@@ -80,6 +80,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -102,9 +103,17 @@ PROMPTS = [
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port between SGLang's own picks (22000-29999) and the kernel's
+    ephemeral range (32768+), where client connections and other tools'
+    ``bind(0)`` ports would race a server for it."""
+    for port in random.sample(range(30_000, 32_700), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 30000-32699 for a server")
 
 
 def post(url: str, payload: dict, timeout: float = 600) -> dict:
