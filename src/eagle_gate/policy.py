@@ -18,6 +18,19 @@ While the GPU is the bottleneck the interval equals the device step time.
 It is ``None`` when the previous resolution was not a decode step (a prefill
 batch ran in between, or the server was idle), because then it measures
 something else.
+
+Draft depths: ``decide`` always returns a :class:`Mode`. A policy that chooses
+the depth of a SPEC step (the number of draft steps ``s``, ``s + 1`` tokens
+verified per request) writes it into ``view.depth`` before returning
+``Mode.SPEC``; the caller resets ``view.depth`` to ``view.configured_depth``
+before every ``decide``, so a policy that never touches it (every policy
+written before depths) runs the configured depth, and a depth never outlives
+its step. ``view.depths`` lists the SPEC depths the server can run
+(``(configured_depth,)`` on a server that cannot change depth, where any other
+value is ignored). PLAIN is depth 0 in the gate's sense: a true target decode,
+never SGLang's 1-token verify, so 0 is never in ``depths``. The outcome says
+which depth ran (``StepOutcome.depth``) and how many requests accepted at
+least ``j`` drafts per position ``j`` (``StepOutcome.accepted_at_least``).
 """
 
 from __future__ import annotations
@@ -79,6 +92,9 @@ class StepView:
         "num_draft_tokens",
         "tp_rank",
         "tp_size",
+        "depths",
+        "configured_depth",
+        "depth",
         "_seq_len_sum",
         "_seq_len_max",
         "_seq_lens",
@@ -98,6 +114,7 @@ class StepView:
         tp_rank: int = 0,
         tp_size: int = 1,
         req_len: Callable[[Any], int] | None = None,
+        depths: Sequence[int] | None = None,
     ) -> None:
         #: requests in this decode batch.
         self.batch_size = batch_size
@@ -108,6 +125,19 @@ class StepView:
         #: tensor-parallel rank of this process and the TP size.
         self.tp_rank = tp_rank
         self.tp_size = tp_size
+        configured = num_draft_tokens - 1 if num_draft_tokens > 1 else 1
+        #: the depth (draft steps) of the server's configured SPEC step.
+        self.configured_depth = configured
+        #: the SPEC depths this server can run, ascending, each >= 1 (PLAIN,
+        #: depth 0, is ``Mode.PLAIN``); ``(configured_depth,)`` where the
+        #: depth cannot change.
+        self.depths: tuple[int, ...] = (
+            (configured,) if depths is None else _check_depths(depths, configured)
+        )
+        #: the depth of this step if ``decide`` returns ``Mode.SPEC``: reset to
+        #: ``configured_depth`` before every ``decide``; a policy choosing a
+        #: depth writes one of ``depths`` here (see the module doc).
+        self.depth = configured
         self._seq_len_sum = seq_len_sum
         self._seq_len_max = seq_len_max
         self._seq_lens: Any = None
@@ -176,9 +206,11 @@ class StepView:
         keeps them on the device only. ``reqs``: the batch's requests, for the
         estimate through ``req_len`` when neither is given. ``exact``
         overrides ``seq_lens_exact`` (a replayed estimate stays one).
+        ``depth`` goes back to ``configured_depth``.
         """
         self.batch_size = batch_size
         self.step = step
+        self.depth = self.configured_depth  # a depth never outlives its step
         self._seq_len_sum = seq_len_sum
         self._seq_len_max = None
         self._seq_lens = seq_lens
@@ -193,8 +225,20 @@ class StepView:
             f"StepView(batch_size={self.batch_size}, step={self.step}, "
             f"seq_len_sum={self.seq_len_sum}, seq_lens_exact={self.seq_lens_exact}, "
             f"num_draft_tokens={self.num_draft_tokens}"
-            f", tp_rank={self.tp_rank}, tp_size={self.tp_size})"
+            f", tp_rank={self.tp_rank}, tp_size={self.tp_size}"
+            f", depths={self.depths}, depth={self.depth})"
         )
+
+
+def _check_depths(depths: Sequence[int], configured: int) -> tuple[int, ...]:
+    """``depths`` as the view holds them: ascending, unique, each >= 1, and
+    holding the configured depth."""
+    out = tuple(sorted({int(d) for d in depths}))
+    if not out or out[0] < 1:
+        raise ValueError(f"SPEC depths must be >= 1 (PLAIN is Mode.PLAIN): {depths}")
+    if configured not in out:
+        raise ValueError(f"depths {out} lack the configured depth {configured}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -221,6 +265,17 @@ class StepOutcome:
     #: agreement holds). None where it is not measured: SPEC steps, lazy and
     #: none draft sync, adapters and replays without it.
     draft_matches: int | None = None
+    #: the depth that ran: 0 for PLAIN, the SPEC step's draft steps otherwise;
+    #: None where the adapter does not say (then the configured depth for
+    #: SPEC).
+    depth: int | None = None
+    #: SPEC steps: per position ``j = 1..depth`` (index ``j - 1``), how many
+    #: of the batch's requests accepted at least ``j`` draft tokens in the
+    #: verify (before a finished request's output was cut to its length), so
+    #: ``accepted_at_least[0] >= accepted_at_least[1] >= ...``. Deeper
+    #: positions are seen only at deeper depths. None where it is unknown
+    #: (PLAIN steps, adapters and replays without it).
+    accepted_at_least: tuple[int, ...] | None = None
 
 
 @runtime_checkable

@@ -379,6 +379,7 @@ class GateRuntime:
             interval_s=interval,
             step=step,
             draft_matches=draft_matches,
+            depth=0 if mode is Mode.PLAIN else self.view.configured_depth,
         )
         try:
             self.policy.observe(outcome)
