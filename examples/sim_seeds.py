@@ -23,7 +23,11 @@ at batch 1/4/8, batch jitter, a load ramp through a crossover; outcomes 1-2
 steps late) and prints one markdown row per suite row: goodput's mean and
 worst seed against ``oracle-mean``, its mean against the better fixed mode,
 its switches (mean per run) and the share of the time it spent away from its
-chosen mode (probes). ``--seed-start`` picks other seeds (hold-outs);
+chosen mode (probes); then, for draft depths (issue #33), the best fixed
+depth of the row's profile (``spec-dN`` over ``Profile.spec_depths()``, the
+depth with the best mean), ``sglang-ema`` and the depth-aware oracle
+(``depth-oracle``) against ``oracle-mean``, and goodput against
+``depth-oracle``. ``--seed-start`` picks other seeds (hold-outs);
 ``--policy FILE:CLASS`` runs another policy class in place of goodput (the
 old one, for a before/after table).
 
@@ -50,7 +54,7 @@ import time
 
 from eagle_gate.goodput import Goodput
 from eagle_gate.policies import AlwaysSpec, NeverSpec
-from eagle_gate.sim.baselines import OracleMean
+from eagle_gate.sim.baselines import DepthOracleMean, EmaTier, FixedDepth, OracleMean
 from eagle_gate.sim.engine import Simulator
 from eagle_gate.sim.profiles import BUILTIN_PROFILES, get_profile
 from eagle_gate.sim.workloads import (
@@ -111,15 +115,20 @@ def load_policy(spec: str):
     return getattr(module, cls)
 
 
-def suite(make, seeds: range, rows: list[SuiteRow]) -> list[dict]:
+def suite(make, seeds: range, rows: list[SuiteRow], depths: bool = False) -> list[dict]:
     """Run ``rows`` (those of :func:`policy_suite` or
     :func:`alternating_rows`) over ``seeds``; one dict of figures per row:
     the policy's ratio to ``oracle-mean`` (mean, worst seed, per seed) and to
     the better fixed mode, the fixed modes' ratios to ``oracle-mean``,
-    switches, explored time share, and the rows' draft sync."""
+    switches, explored time share, and the rows' draft sync. ``depths``:
+    also each fixed depth of the row's profile (``spec-dN``), ``sglang-ema``
+    and ``depth-oracle``, as ratios to ``oracle-mean`` (the best fixed depth:
+    the one with the best mean), and the policy's ratio to ``depth-oracle``."""
     out = []
     for name, prof, scenario in rows:
         om, best, sw, expl, never_om, always_om = [], [], [], [], [], []
+        by_depth: dict[int, list[float]] = {d: [] for d in prof.spec_depths()}
+        ema_om, dor_om, pol_dor = [], [], []
         sync = None
         for seed in seeds:
             sc = scenario(seed * SEED_STRIDE)
@@ -138,6 +147,16 @@ def suite(make, seeds: range, rows: list[SuiteRow]) -> list[dict]:
             best.append(res.tok_s / max(tok["always"], tok["never"]))
             sw.append(res.switches or 0)
             expl.append((res.explored_s or 0.0) / res.clock_s)
+            if depths:
+                for d, xs in by_depth.items():
+                    r = Simulator(prof, sc).run(FixedDepth(d))
+                    xs.append(r.tok_s / tok["oracle-mean"])
+                ema_om.append(
+                    Simulator(prof, sc).run(EmaTier()).tok_s / tok["oracle-mean"]
+                )
+                dor = Simulator(prof, sc).run(DepthOracleMean()).tok_s
+                dor_om.append(dor / tok["oracle-mean"])
+                pol_dor.append(res.tok_s / dor)
         out.append(
             {
                 "row": name,
@@ -152,6 +171,15 @@ def suite(make, seeds: range, rows: list[SuiteRow]) -> list[dict]:
                 "sync": sync,
             }
         )
+        if depths:
+            d_best = max(by_depth, key=lambda d: statistics.mean(by_depth[d]))
+            out[-1].update(
+                depth_best=d_best,
+                depth_best_om=statistics.mean(by_depth[d_best]),
+                ema_om=statistics.mean(ema_om),
+                dor_om=statistics.mean(dor_om),
+                pol_dor=statistics.mean(pol_dor),
+            )
     return out
 
 
@@ -164,20 +192,24 @@ def print_suite(rows: list[dict], seeds: range) -> None:
     print()
     print(
         "| row | mean/oracle-mean | worst seed | mean/best fixed | switches "
-        "| explored time |"
+        "| explored time | best depth/oracle-mean | sglang-ema/oracle-mean "
+        "| depth-oracle/oracle-mean | mean/depth-oracle |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         flag = "" if r["om_mean"] >= 0.98 and r["om_worst"] >= 0.95 else " (miss)"
         print(
             f"| {r['row']}{flag} | {r['om_mean']:.4f} | {r['om_worst']:.4f} | "
-            f"{r['best_mean']:.4f} | {r['switches']:.1f} | {r['explored']:.2%} |"
+            f"{r['best_mean']:.4f} | {r['switches']:.1f} | {r['explored']:.2%} | "
+            f"{r['depth_best_om']:.4f} (d{r['depth_best']}) | {r['ema_om']:.4f} | "
+            f"{r['dor_om']:.4f} | {r['pol_dor']:.4f} |"
         )
     print()
     print(
         f"mean over rows: {statistics.mean(r['om_mean'] for r in rows):.4f} x "
         f"oracle-mean, {statistics.mean(r['best_mean'] for r in rows):.4f} x the "
-        "better fixed mode"
+        "better fixed mode, "
+        f"{statistics.mean(r['pol_dor'] for r in rows):.4f} x depth-oracle"
     )
 
 
@@ -243,7 +275,8 @@ def main() -> None:
             figures = suite(make, seeds, alternating_rows(args.quick))
             print_alternating(figures, seeds, args.policy or "goodput")
         else:
-            print_suite(suite(make, seeds, policy_suite(args.quick)), seeds)
+            figures = suite(make, seeds, policy_suite(args.quick), depths=True)
+            print_suite(figures, seeds)
         print(f"({time.perf_counter() - t0:.0f} s)")
         return
     t0 = time.perf_counter()

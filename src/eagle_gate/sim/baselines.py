@@ -1,10 +1,14 @@
 """Comparison policies that exist only in the simulator.
 
 * :class:`EmaTier`: an SGLang-0.5.23-like adaptive controller. It never runs
-  PLAIN; it varies ``num_steps`` per decode batch from batch-size tiers (default
+  PLAIN; it chooses the depth (``view.depth``, the policy contract's depth)
+  per decode batch from batch-size tiers (default
   bs>=1 -> {1,3,5,7}, >=8 -> {0,1,3}, >=32 -> {0,1}, >=64 -> {0}) with an EMA of
-  accepted drafts inside a tier. ``num_steps == 0`` is SGLang's "off": a 1-token
-  verify plus the draft extend, which the simulator charges as such.
+  accepted drafts inside a tier. Depth 0 is SGLang's "off": a 1-token
+  verify plus the draft extend, which the simulator charges as such (the
+  simulator accepts depth 0 with ``Mode.SPEC`` for this baseline only; in the
+  gate's contract depth 0 is PLAIN, a true decode).
+* :class:`FixedDepth`: SPEC at one depth on every step (``spec-d3``, ...).
 * :class:`Oracle`: per step, the mode with more tokens/second given perfect
   knowledge of that step's acceptance draws and the noise-free cost model.
   The resync a switch to SPEC costs is amortized over ``horizon`` steps (a
@@ -13,6 +17,10 @@
 * :class:`OracleMean`: the same with each request's expected acceptance (its
   class's mean) instead of the step's draws: no causal policy can use the
   draws, so this is the reachable target.
+* :class:`DepthOracleMean` (``depth-oracle``): like :class:`OracleMean`, over
+  PLAIN and every depth of ``view.depths``: per step the one with the highest
+  expected tokens per second (resync amortized the same way). With one depth
+  it decides exactly as :class:`OracleMean`.
 * :func:`tune_threshold`: grid search of the built-in ``threshold`` policy.
 """
 
@@ -23,7 +31,15 @@ from typing import Any
 
 from eagle_gate.policy import Mode, StepOutcome, StepView
 
-__all__ = ["EmaTier", "Oracle", "OracleMean", "THRESHOLD_GRID", "DEFAULT_TIERS"]
+__all__ = [
+    "EmaTier",
+    "FixedDepth",
+    "Oracle",
+    "OracleMean",
+    "DepthOracleMean",
+    "THRESHOLD_GRID",
+    "DEFAULT_TIERS",
+]
 
 DEFAULT_TIERS: tuple[tuple[int, tuple[int, ...]], ...] = (
     (1, (1, 3, 5, 7)),
@@ -48,8 +64,6 @@ class EmaTier:
         #: EMA of accepted draft tokens per step, per tier (None: no sample yet)
         self._ema: list[float | None] = [None] * len(self.tiers)
         self._tier_of_step: dict[int, int] = {}
-        #: read by the simulator after every SPEC decision.
-        self.num_steps = self.tiers[0][1][-1]
 
     def _tier(self, b: int) -> int:
         t = 0
@@ -72,7 +86,7 @@ class EmaTier:
                 if c >= target:
                     choice = c
                     break
-        self.num_steps = choice
+        view.depth = choice
         self._tier_of_step[view.step] = t
         return Mode.SPEC
 
@@ -81,12 +95,27 @@ class EmaTier:
         if t is None or outcome.batch_size <= 0:
             return
         accepted = outcome.tokens / outcome.batch_size - 1.0
-        if accepted <= 0.0 and self.num_steps == 0:
+        if outcome.depth == 0:
             return  # a 0-step verify says nothing about acceptance
         ema = self._ema[t]
         self._ema[t] = (
             accepted if ema is None else ema + self.ema_alpha * (accepted - ema)
         )
+
+
+class FixedDepth:
+    """SPEC at ``depth`` draft steps on every step (sim-only)."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.name = f"spec-d{depth}"
+
+    def decide(self, view: StepView) -> Mode:
+        view.depth = self.depth
+        return Mode.SPEC
+
+    def observe(self, outcome: StepOutcome) -> None:
+        return None
 
 
 class Oracle:
@@ -121,6 +150,28 @@ class OracleMean(Oracle):
         b, spec_tokens, t_spec, resync, t_plain = self._sim.peek_mean()
         spec_rate = spec_tokens / (t_spec + resync / self.horizon)
         return Mode.SPEC if spec_rate > b / t_plain else Mode.PLAIN
+
+
+class DepthOracleMean(OracleMean):
+    """Like :class:`OracleMean` over PLAIN and each of ``view.depths``: the
+    one with the highest expected tokens/s (see the module doc)."""
+
+    name = "depth-oracle"
+
+    def decide(self, view: StepView) -> Mode:
+        depths = view.depths
+        b, tokens, times, resync, t_plain = self._sim.peek_mean_depths(depths)
+        best = b / t_plain
+        choice = -1
+        amortized = resync / self.horizon
+        for i in range(len(depths)):
+            rate = tokens[i] / (times[i] + amortized)
+            if rate > best:
+                best, choice = rate, i
+        if choice < 0:
+            return Mode.PLAIN
+        view.depth = depths[choice]
+        return Mode.SPEC
 
 
 #: (plain_above, spec_at_or_below) pairs searched by the threshold tuning;

@@ -17,6 +17,27 @@ real contract, like the server does:
   its first draft token, so common random numbers hold);
 * ``interval_s`` is the simulated duration of the step, or ``None`` when a
   prefill batch ran (or the server idled) since the previous decode step.
+* draft depths: the view offers ``Profile.spec_depths()`` (1, 3, 5, 7 and
+  the configured depth unless the profile names its own); a SPEC step runs
+  ``view.depth`` (the configured depth unless the policy chose another), and
+  its outcome carries ``depth`` and ``accepted_at_least`` (from the verify's
+  draws, before a finishing request is cut to its length); PLAIN outcomes
+  carry depth 0. Depth 0 with ``Mode.SPEC`` is SGLang's 1-token verify, run
+  for the ``sglang-ema`` baseline only.
+
+Per-depth cost (:mod:`eagle_gate.sim.profiles`): a SPEC step at depth ``s``
+verifies ``s + 1`` tokens per request (a target forward over ``b * (s + 1)``
+tokens, at least a PLAIN step's cost), runs ``s`` draft forwards of the
+batch and one draft extend over the ``b * (s + 1)`` verified tokens, as
+SGLang's EAGLE worker does (draft, verify, then the draft's extend over the
+accepted tokens, launched at the full width). So deeper steps pay a draft
+forward each and a wider verify and extend, and pay off only while
+``alpha ** s`` is large. Depth 0 (SGLang's "off") still pays the extend and
+a verify, which is why the gate's depth 0 is a true decode instead. Measured
+tables give one depth; the others scale its measured excess over PLAIN like
+the formula (an additive shift by the formula's difference, used before, made
+depths 0 and 1 cheaper than a PLAIN step, or negative, on table profiles whose
+formula terms were not fitted to the table, e.g. close-* and drift).
 
 The scheduler is SGLang-like: waiting requests are prefilled (one batch, up to
 ``max_prefill_tokens``) before the next decode step; a prefill emits each
@@ -49,6 +70,9 @@ _POOL = POOL
 _MASK = MASK
 _SPEC = Mode.SPEC
 _PLAIN = Mode.PLAIN
+#: the deepest SPEC step the simulator runs (the acceptance pools hold at
+#: most 64 accepted drafts)
+_MAX_DEPTH = 64
 
 
 class Simulator(RequestTable):
@@ -90,6 +114,10 @@ class Simulator(RequestTable):
         self._noise = [math.exp(rng.gauss(0.0, sigma)) for _ in range(_POOL)]
         #: expected tokens per request of a default SPEC step, per pool
         s_def = profile.num_draft_tokens - 1
+        #: per-token acceptance per pool (the depth-aware oracle's means)
+        self._pool_alpha = {
+            id(self._pools[name]): alpha for name, alpha in profile.classes.items()
+        }
         self._pool_mean = {
             id(self._pools[name]): profile.mean_accept(alpha, s_def)
             for name, alpha in profile.classes.items()
@@ -121,7 +149,6 @@ class Simulator(RequestTable):
         bind = getattr(policy, "bind", None)
         if bind is not None:
             bind(self)
-        varies_steps = hasattr(policy, "num_steps")
 
         segs = list(scen.segments)
         seg_end = []
@@ -165,7 +192,9 @@ class Simulator(RequestTable):
         if not scen.closed_loop:
             next_arrival = draw_arrival(0.0)
 
-        view = StepView(num_draft_tokens=prof.num_draft_tokens)
+        view = StepView(
+            num_draft_tokens=prof.num_draft_tokens, depths=prof.spec_depths()
+        )
         lazy_lens = LazySeqLens(self)
         lengths = self.cpu_seq_lens
         pending: deque[tuple[int, StepOutcome]] = deque()
@@ -289,7 +318,9 @@ class Simulator(RequestTable):
             kv = self._kv
             fin: list[int] = []
             if mode is _SPEC:
-                s = policy.num_steps if varies_steps else s_default
+                s = view.depth  # the policy's choice, else the configured depth
+                if s != s_default and not (type(s) is int and 0 <= s <= _MAX_DEPTH):
+                    raise ValueError(f"{policy!r} chose SPEC depth {s!r}")
                 kk = s + 1
                 dur = prof.spec_time(b, kv, s)
                 if self._plain_run:
@@ -298,8 +329,10 @@ class Simulator(RequestTable):
                 p = self._ptr
                 accl = [0] * b
                 tot = 0
+                hist = [0] * kk  # requests per accepted drafts (0..s)
                 for i in range(b):
                     g = run_pool[i][(p + i) & _MASK]
+                    hist[g if g < s else s] += 1
                     a = g + 1 if g < s else kk
                     r = run_rem[i]
                     if a >= r:
@@ -310,6 +343,13 @@ class Simulator(RequestTable):
                     tot += a
                 self._ptr = (p + b) & _MASK
                 spec_steps += 1
+                # accepted at least j drafts, j = 1..s: suffix sums of hist
+                at_least = [0] * s
+                acc = 0
+                for j in range(s, 0, -1):
+                    acc += hist[j]
+                    at_least[j - 1] = acc
+                at_least_t: tuple[int, ...] | None = tuple(at_least)
             else:
                 dur = prof.plain_time(b, kv)
                 self._plain_run += 1
@@ -329,6 +369,8 @@ class Simulator(RequestTable):
                         fin.append(i)
                 accl = [1] * b
                 tot = b
+                s = 0
+                at_least_t = None
             dur *= noise[nptr & _MASK]
             nptr += 1
             if off_home:
@@ -359,6 +401,8 @@ class Simulator(RequestTable):
                         interval_s=dur if known else None,
                         step=step,
                         draft_matches=(matches if eager and mode is _PLAIN else None),
+                        depth=s,
+                        accepted_at_least=at_least_t,
                     ),
                 )
             )

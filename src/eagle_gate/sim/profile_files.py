@@ -43,6 +43,10 @@ def profile_from_mapping(data: Mapping[str, Any]) -> Profile:
                 value
             ):
                 raise ValueError(f"profile key {key!r}: ((batch, seconds>0), ...)")
+        elif key == "depths":
+            value = tuple(sorted({int(d) for d in value}))
+            if value and not 1 <= value[0] <= value[-1] <= 64:
+                raise ValueError("profile 'depths': SPEC depths in 1..64")
         elif key in ("name", "description", "default_class"):
             value = str(value)
         elif fields[key].type in ("int", int):

@@ -9,8 +9,14 @@ requests in a decode batch, ``kv`` the summed sequence lengths of the batch and
   ``verify = verify_fixed + verify_per_tok*b*k + verify_per_tok2*(b*k)**2
   + per_kv*kv``, ``draft = draft_fixed + draft_per_req*b`` and
   ``extend = extend_fixed + extend_per_tok*b*k``; the verify part costs at
-  least a PLAIN step.
-  ``s = 0`` is SGLang 0.5.23's "off" step: a 1-token verify plus the extend.
+  least a PLAIN step. Any depth ``s`` (``Profile.spec_depths()``, chosen per
+  step through ``StepView.depth``) uses the same terms.
+  ``s = 0`` is SGLang 0.5.23's "off" step: a 1-token verify plus the extend
+  (the ``sglang-ema`` baseline only; the gate's depth 0 is PLAIN).
+* measured tables (``spec_table``) give the SPEC step at the configured
+  depth; another depth costs ``plain + (table - plain) * (F(s) - Fp) /
+  (F(s0) - Fp)``: the measured excess over a PLAIN step scaled like the
+  formula's excess (``F``, ``Fp``: the formula's SPEC and PLAIN steps).
 * draft resync: the first SPEC step after ``m`` PLAIN steps additionally costs
   ``resync_fixed + catchup_per_tok*b*min(m, catchup_cap)`` (the draft model
   catches up over the tokens it missed).
@@ -56,6 +62,7 @@ from typing import Any
 
 __all__ = [
     "Profile",
+    "DEFAULT_DEPTHS",
     "BUILTIN_PROFILES",
     "CLOSE_PROFILES",
     "close_call_profile",
@@ -64,6 +71,10 @@ __all__ = [
     "alternating_profile",
     "get_profile",
 ]
+
+
+#: SPEC depths a simulated server offers by default (with its configured one)
+DEFAULT_DEPTHS: tuple[int, ...] = (1, 3, 5, 7)
 
 
 @dataclass(frozen=True)
@@ -106,29 +117,41 @@ class Profile:
     #: are shifted by the formula's difference). ``per_kv`` still applies.
     plain_table: tuple[tuple[float, float], ...] = ()
     spec_table: tuple[tuple[float, float], ...] = ()
+    #: the SPEC depths (draft steps) the simulated server can run, offered to
+    #: policies as ``StepView.depths``; empty: :data:`DEFAULT_DEPTHS` plus
+    #: the configured ``num_draft_tokens - 1`` (see :meth:`spec_depths`).
+    depths: tuple[int, ...] = ()
 
     # -- the cost model ----------------------------------------------------------
 
     def plain_time(self, b: int, kv: int) -> float:
         if self.plain_table:
             return _interp(self.plain_table, b) + self.per_kv * kv
-        return (
-            self.plain_fixed
-            + self.plain_per_req * b
-            + self.plain_per_req2 * b * b
-            + self.per_kv * kv
-        )
+        return self._plain_formula(b, kv)
 
     def spec_time(self, b: int, kv: int, s: int | None = None) -> float:
         default = self.num_draft_tokens - 1
         if s is None:
             s = default
         if self.spec_table:
-            t = _interp(self.spec_table, b) + self.per_kv * kv
+            t = _interp(self.spec_table, b)
             if s != default:
-                t += self._spec_formula(b, 0, s) - self._spec_formula(b, 0, default)
-            return t
+                # the measured cost over a PLAIN step, scaled like the
+                # formula's cost over its PLAIN step (see the module doc)
+                tp = self.plain_time(b, 0)
+                fp = self._plain_formula(b, 0)
+                extra = self._spec_formula(b, 0, default) - fp
+                t = tp + (t - tp) * (self._spec_formula(b, 0, s) - fp) / extra
+            return t + self.per_kv * kv
         return self._spec_formula(b, kv, s)
+
+    def _plain_formula(self, b: int, kv: int) -> float:
+        return (
+            self.plain_fixed
+            + self.plain_per_req * b
+            + self.plain_per_req2 * b * b
+            + self.per_kv * kv
+        )
 
     def _spec_formula(self, b: int, kv: int, s: int) -> float:
         tok = b * (s + 1)
@@ -139,12 +162,21 @@ class Profile:
             + self.per_kv * kv
         )
         # verifying >= 1 token per request costs at least a plain decode
-        if not self.plain_table:
-            tp = self.plain_time(b, kv)
-            if t < tp:
-                t = tp
+        tp = self._plain_formula(b, kv)
+        if t < tp:
+            t = tp
         t += s * (self.draft_fixed + self.draft_per_req * b)
         return t + self.extend_fixed + self.extend_per_tok * tok
+
+    def spec_depths(self) -> tuple[int, ...]:
+        """The SPEC depths a policy may choose here, ascending: ``depths``,
+        else SGLang 0.5.23's adaptive candidates at small batches (1, 3, 5,
+        7) up to the deeper of 7 and the configured depth, which is always
+        one of them. ``(configured,)`` makes the profile binary."""
+        own = self.num_draft_tokens - 1
+        if self.depths:
+            return tuple(sorted(set(self.depths) | {own}))
+        return tuple(sorted({d for d in DEFAULT_DEPTHS if d <= max(7, own)} | {own}))
 
     def resync_time(self, b: int, missed: int) -> float:
         m = missed if missed < self.catchup_cap else self.catchup_cap

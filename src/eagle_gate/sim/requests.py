@@ -29,6 +29,7 @@ class RequestTable:
     profile: Profile
     _pools: dict[str, list[int]]
     _pool_mean: dict[int, float]
+    _pool_alpha: dict[int, float]
     _reclass_rng: random.Random
 
     def _reset_requests(self) -> None:
@@ -219,6 +220,40 @@ class RequestTable:
             resync,
             prof.plain_time(b, self._kv),
         )
+
+    def peek_mean_depths(
+        self, depths: tuple[int, ...]
+    ) -> tuple[int, list[float], list[float], float, float]:
+        """Like :meth:`peek_mean` for each SPEC depth in ``depths``: (batch,
+        expected tokens per depth, step time per depth, resync time, plain
+        time), noise-free. O(batch + classes * depths)."""
+        rem = self._run_rem
+        pools = self._run_pool
+        b = len(rem)
+        prof = self.profile
+        counts: dict[int, int] = {}
+        short: list[tuple[int, int]] = []  # (pool, remaining) of ending requests
+        cap = depths[-1] + 1  # no expected accept length reaches it
+        for i in range(b):
+            pid = id(pools[i])
+            counts[pid] = counts.get(pid, 0) + 1
+            r = rem[i]
+            if r < cap:
+                short.append((pid, r))
+        alpha = self._pool_alpha
+        tokens = []
+        for s in depths:
+            means = {pid: prof.mean_accept(alpha[pid], s) for pid in counts}
+            tot = sum(n * means[pid] for pid, n in counts.items())
+            for pid, r in short:
+                m = means[pid]
+                if r < m:
+                    tot -= m - r
+            tokens.append(tot)
+        kv = self._kv
+        resync = prof.resync_time(b, self._plain_run) if self._plain_run else 0.0
+        times = [prof.spec_time(b, kv, s) for s in depths]
+        return b, tokens, times, resync, prof.plain_time(b, kv)
 
     def _seq_len_max(self) -> int:
         base = self._run_base
