@@ -38,6 +38,18 @@ What it checks, against real models on your GPU:
    eager reasons (``plain_eager_reasons``: ``bs_above_max`` expected). Skip
    with ``--no-graph-fallback``.
 
+5. **Per-depth step cost** (the cost model of per-batch draft depth, #33):
+   for each draft depth of ``--depths`` (default ``1,2,3,5``; ``""`` skips
+   it) a gated server at that depth (``--speculative-num-steps d
+   --speculative-num-draft-tokens d+1``, policy ``always``) and, as depth 0,
+   section 3's ``never`` server (the gate's plain step): from each one's
+   decision log, per decode batch size, the median step time, tokens per
+   request per step and tokens/s. 5b: on an SGLang with
+   ``--speculative-adaptive`` (0.5.23), one stock server with adaptive
+   speculation over the same depths, and the build time and memory SGLang
+   logs for each depth's runtime state (graphs, backends); skip with
+   ``--no-depth-memory``.
+
 What needs a GPU: sections 3 and 4 only say something about the plain step's
 CUDA graphs where they are captured (CUDA, graphs not disabled); elsewhere
 every plain step runs the target eagerly (status reason, e.g.
@@ -81,8 +93,10 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -248,6 +262,16 @@ def main() -> int:
         default=8,
         help="section 4d: SGLang's largest CUDA graph batch size (default 8)",
     )
+    parser.add_argument(
+        "--depths",
+        default="1,2,3,5",
+        help="section 5: draft depths to time, comma-separated ('' skips it)",
+    )
+    parser.add_argument(
+        "--no-depth-memory",
+        action="store_true",
+        help="skip section 5b, the adaptive server's per-depth memory",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("server_args", nargs="*", help="after --: for every server")
     args = parser.parse_args()
@@ -279,9 +303,10 @@ def main() -> int:
     def stock(port):
         return [py, "-m", "sglang.launch_server", *common, "--port", str(port)]
 
-    def gated(port, policy, strategy, extra=()):
+    def gated(port, policy, strategy, extra=(), steps=None):
+        shape = spec if steps is None else at_depth(spec, steps)
         return [
-            py, "-m", "eagle_gate.launch", *common, *spec, "--port", str(port),
+            py, "-m", "eagle_gate.launch", *common, *shape, "--port", str(port),
             "--gate-policy", policy, "--gate-draft-sync", strategy, *extra,
         ]  # fmt: skip
 
@@ -317,8 +342,10 @@ def main() -> int:
 
     print("\n== 3. plain-step throughput: gated (policy never) / no speculation")
     plain_tps, shares, graph_rows = {}, {}, []
+    never_log = out / "decisions-never"
+    never_extra = ["--gate-plain-graphs", "auto", "--gate-decision-log", str(never_log)]
     with server(
-        gated(free_port(), "never", "eager", ["--gate-plain-graphs", "auto"]),
+        gated(free_port(), "never", "eager", never_extra),
         env,
         out / "never.log",
         args.startup_timeout,
@@ -403,6 +430,10 @@ def main() -> int:
               f"{fmt_paths(fallback['plain_path']):>13}  "
               f"{fmt_reasons(fallback['plain_eager_reasons'])}")  # fmt: skip
 
+    depths = [int(d) for d in args.depths.split(",") if d.strip()]
+    if depths and not args.no_speculation_smoke:
+        run_depths(args, gated, stock, spec, env, out, prompts, levels, never_log)
+
     states = {row[1] for row in graph_rows}
     print("\nRESULT:", "outputs identical" if not failures else "OUTPUTS DIFFER")
     print(
@@ -444,6 +475,113 @@ def run_fallback(args, gated, env, out: Path, prompts, concurrency) -> dict | No
         }
         result.update(status_counts(b, "plain_path", "plain_eager_reasons"))
     return result
+
+
+def at_depth(spec: list[str], steps: int) -> list[str]:
+    """The speculative flags ``spec`` with ``steps`` draft steps (a chain:
+    ``steps + 1`` draft tokens)."""
+    shape = list(spec)
+    shape[shape.index("--speculative-num-steps") + 1] = str(steps)
+    shape[shape.index("--speculative-num-draft-tokens") + 1] = str(steps + 1)
+    return shape
+
+
+def step_costs(log_dir: Path) -> dict[int, tuple[float, float, int]]:
+    """Per decode batch size: (median step seconds, mean tokens per request
+    per step, steps) of the outcome records with a measured interval in the
+    gate's decision logs under ``log_dir`` (TP rank 0's logs only: every TP
+    rank runs the same steps)."""
+    by_bs: dict[int, list[tuple[float, float]]] = {}
+    for path in sorted(log_dir.glob("*.jsonl")):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        if any(r.get("kind") == "start" and r.get("tp_rank", 0) != 0 for r in lines):
+            continue
+        for r in lines:
+            bs = r.get("batch_size")
+            if r.get("kind") != "outcome" or r.get("interval_s") is None or not bs:
+                continue
+            by_bs.setdefault(bs, []).append((r["interval_s"], r["tokens"] / bs))
+    return {
+        bs: (statistics.median(t for t, _ in xs), sum(k for _, k in xs) / len(xs),
+             len(xs))
+        for bs, xs in sorted(by_bs.items())
+    }  # fmt: skip
+
+
+#: SGLang 0.5.23's log line for each adaptive runtime state it builds
+#: (``EAGLEWorkerV2.build_adaptive_runtime_state``)
+_STATE_LINE = re.compile(
+    r"Built adaptive runtime state steps=(\d+): elapsed=([\d.]+)s, mem=(-?[\d.]+)GB"
+)
+
+
+def adaptive_state_costs(log_text: str) -> dict[int, tuple[float, float]]:
+    """Per depth: (build seconds, GB) of each runtime state SGLang built, as
+    its log says (the configured depth's state is the startup one: no line)."""
+    return {
+        int(m[1]): (float(m[2]), float(m[3])) for m in _STATE_LINE.finditer(log_text)
+    }
+
+
+def depth_rows(
+    costs: dict[int, dict[int, tuple[float, float, int]]], min_steps: int = 3
+) -> list[tuple[int, int, float, float, float, int]]:
+    """(batch size, depth, ms/step, tokens/request/step, tokens/s, steps) of
+    every batch size seen at least ``min_steps`` times at a depth, by batch
+    size then depth (depth 0: the plain step)."""
+    rows = []
+    for depth, by_bs in costs.items():
+        for bs, (secs, per_req, n) in by_bs.items():
+            if n >= min_steps and secs > 0:
+                rows.append((bs, depth, secs * 1e3, per_req, bs * per_req / secs, n))
+    return sorted(rows)
+
+
+def run_depths(args, gated, stock, spec, env, out, prompts, levels, never_log):
+    """Section 5 (see the module doc)."""
+    depths = [int(d) for d in args.depths.split(",") if d.strip()]
+    print(
+        "\n== 5. per-depth step cost: gated (policy always) at each depth; "
+        "depth 0 = the plain step (section 3's never server)"
+    )
+    costs = {0: step_costs(never_log)}
+    for depth in depths:
+        log_dir = out / f"decisions-depth-{depth}"
+        extra = ["--gate-decision-log", str(log_dir)]
+        cmd = gated(free_port(), "always", "eager", extra, steps=depth)
+        with server(cmd, env, out / f"depth-{depth}.log", args.startup_timeout) as b:
+            for c in levels:
+                throughput(b, c, args.max_new_tokens, prompts)
+        costs[depth] = step_costs(log_dir)
+    print(f"{'bs':>5} {'depth':>6} {'ms/step':>9} {'tok/req':>8} {'tok/s':>9} "
+          f"{'steps':>6}")  # fmt: skip
+    best: dict[int, tuple[float, int]] = {}
+    for bs, depth, ms, per_req, tps, n in depth_rows(costs):
+        print(f"{bs:>5} {depth:>6} {ms:>9.2f} {per_req:>8.2f} {tps:>9.1f} {n:>6}")
+        if tps > best.get(bs, (0.0, 0))[0]:
+            best[bs] = (tps, depth)
+    print("best depth per batch size:", ", ".join(
+        f"bs {bs}: {d}" for bs, (_, d) in sorted(best.items())) or "-")  # fmt: skip
+    if args.no_depth_memory:
+        return
+    print("\n== 5b. memory of SGLang's own per-depth runtime states "
+          "(stock server, --speculative-adaptive)")  # fmt: skip
+    if "--speculative-adaptive" not in sglang_options():
+        print("skipped: this SGLang has no --speculative-adaptive")
+        return
+    config = out / "adaptive-depths.json"
+    config.write_text(json.dumps({"1": {"candidate_steps": sorted({*depths})}}))
+    adaptive = ["--speculative-adaptive", "--speculative-adaptive-config", str(config)]
+    cmd = stock(free_port()) + spec + adaptive
+    log = out / "adaptive.log"
+    with server(cmd, env, log, args.startup_timeout):
+        pass
+    built = adaptive_state_costs(log.read_text(errors="replace"))
+    print(f"{'depth':>6} {'build s':>8} {'GB':>7}")
+    for depth in sorted({*depths}):
+        secs, gb = built.get(depth, (None, None))
+        shown = ("-", "-") if secs is None else (f"{secs:.2f}", f"{gb:.2f}")
+        print(f"{depth:>6} {shown[0]:>8} {shown[1]:>7}")
 
 
 def gate_status(base: str) -> list[dict]:
@@ -542,14 +680,19 @@ def pick_max_bs_flag(options: list[str]) -> str | None:
     return None
 
 
-def graph_max_bs_flag() -> str | None:
-    """``pick_max_bs_flag`` over the options of this Python's SGLang (the one
-    the servers run)."""
+def sglang_options() -> list[str]:
+    """Every command-line option of this Python's SGLang (the one the servers
+    run)."""
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    return pick_max_bs_flag([o for a in parser._actions for o in a.option_strings])
+    return [o for a in parser._actions for o in a.option_strings]
+
+
+def graph_max_bs_flag() -> str | None:
+    """``pick_max_bs_flag`` over this SGLang's options."""
+    return pick_max_bs_flag(sglang_options())
 
 
 if __name__ == "__main__":

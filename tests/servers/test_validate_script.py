@@ -14,10 +14,12 @@ tested without servers at the end.
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sglang_env
 from support.gated_server import with_pythonpath
 from support.server import cpu_server_args
@@ -48,7 +50,7 @@ def test_validate_script_reports_identity_acceptance_and_cost(
         "--algorithm", "EAGLE3", "--num-steps", "3",
         "--prompts", "2", "--max-new-tokens", "12", "--switch-every", "3",
         "--strategies", "eager", "--concurrency", "1", "--no-eager-plain",
-        "--no-graph-fallback",
+        "--no-graph-fallback", "--depths", "2", "--no-depth-memory",
         "--startup-timeout", "400", "--out", str(out_dir),
         "--", *cpu_flags(target),
     ]  # fmt: skip
@@ -85,6 +87,18 @@ def test_validate_script_reports_identity_acceptance_and_cost(
     assert row[4] == "n/a" or int(row[4].split("/")[0]) == 0
     assert "RESULT: outputs identical with plain graphs (alternate, never)" in report
     assert "== 4d." not in report and "fallback" not in report  # skipped
+    # 5: per-depth step cost, depth 0 (the never server) and depth 2
+    table = report.split("== 5.")[1].split("RESULT:")[0].splitlines()
+    rows = [r.split() for r in table if r.split()[:1] and r.split()[0].isdigit()]
+    by_depth = {int(r[1]): r for r in rows}
+    assert set(by_depth) == {0, 2}, table
+    for depth, (bs, _, ms, per_req, tps, steps) in by_depth.items():
+        assert bs == "1" and float(ms) > 0 and float(tps) > 0 and int(steps) >= 3
+        # the plain step emits one token per request; depth 2 at most three
+        assert float(per_req) == 1.0 if depth == 0 else 1.0 <= float(per_req) <= 3.0
+    assert float(by_depth[2][3]) > 1.0  # the trained draft is accepted
+    assert "best depth per batch size: bs 1:" in report
+    assert "== 5b." not in report  # --no-depth-memory
 
 
 def load_script():
@@ -132,6 +146,43 @@ def test_validate_script_helpers():
         == "--cuda-graph-max-bs-decode"
     )
     assert v.pick_max_bs_flag(["--tp"]) is None
+
+
+def test_validate_script_depth_helpers(tmp_path):
+    v = load_script()
+    spec = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", "4"]  # fmt: skip
+    assert v.at_depth(spec, 5) == [
+        "--speculative-num-steps", "5", "--speculative-eagle-topk", "1",
+        "--speculative-num-draft-tokens", "6",
+    ]  # fmt: skip
+    assert spec[1] == "3"  # the configured shape is left alone
+
+    def outcome(bs, tokens, interval):
+        return {"kind": "outcome", "batch_size": bs, "tokens": tokens,
+                "interval_s": interval}  # fmt: skip
+
+    rank0 = [{"kind": "start", "tp_rank": 0}, outcome(2, 6, 0.010),
+             outcome(2, 4, 0.030), outcome(2, 4, 0.020), outcome(1, 3, None),
+             {"kind": "decision", "batch_size": 2}, outcome(1, 2, 0.005)]  # fmt: skip
+    rank1 = [{"kind": "start", "tp_rank": 1}, outcome(2, 99, 9.0)]
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name, records in (("a", rank0), ("b", rank1)):
+        lines = "\n".join(map(json.dumps, records))
+        (logs / f"decisions-{name}.jsonl").write_text(lines + "\n")
+    costs = v.step_costs(logs)
+    # rank 1 left out; the step without an interval left out
+    assert costs == {1: (0.005, 2.0, 1), 2: (0.020, 14 / 6, 3)}
+    rows = v.depth_rows({0: {2: (0.010, 1.0, 5)}, 3: costs})
+    # batch size 1 seen once: below min_steps
+    assert [(bs, d) for bs, d, *_ in rows] == [(2, 0), (2, 3)]
+    assert rows[1][4] == pytest.approx(2 * (14 / 6) / 0.020)
+    log = (
+        "[x] Built adaptive runtime state steps=1: elapsed=0.52s, mem=0.31GB\n"
+        "[x] Built adaptive runtime state steps=5: elapsed=1.50s, mem=-0.02GB\n"
+    )
+    assert v.adaptive_state_costs(log) == {1: (0.52, 0.31), 5: (1.5, -0.02)}
 
 
 def test_validate_script_finds_sglangs_graph_max_bs_flag():
