@@ -26,7 +26,9 @@ its switches (mean per run) and the share of the time it spent away from its
 chosen mode (probes); then, for draft depths (issue #33), the best fixed
 depth of the row's profile (``spec-dN`` over ``Profile.spec_depths()``, the
 depth with the best mean), ``sglang-ema`` and the depth-aware oracle
-(``depth-oracle``) against ``oracle-mean``, and goodput against
+(``depth-oracle``) against ``oracle-mean``, goodput against
+``depth-oracle``, and the depth-choosing ``goodput-depths``
+(:mod:`eagle_gate.goodput_depths`) against goodput (mean, worst seed) and
 ``depth-oracle``. ``--seed-start`` picks other seeds (hold-outs);
 ``--policy FILE:CLASS`` runs another policy class in place of goodput (the
 old one, for a before/after table).
@@ -53,6 +55,7 @@ import statistics
 import time
 
 from eagle_gate.goodput import Goodput
+from eagle_gate.goodput_depths import GoodputDepths
 from eagle_gate.policies import AlwaysSpec, NeverSpec
 from eagle_gate.sim.baselines import DepthOracleMean, EmaTier, FixedDepth, OracleMean
 from eagle_gate.sim.engine import Simulator
@@ -128,7 +131,7 @@ def suite(make, seeds: range, rows: list[SuiteRow], depths: bool = False) -> lis
     for name, prof, scenario in rows:
         om, best, sw, expl, never_om, always_om = [], [], [], [], [], []
         by_depth: dict[int, list[float]] = {d: [] for d in prof.spec_depths()}
-        ema_om, dor_om, pol_dor = [], [], []
+        ema_om, dor_om, pol_dor, gd_pol, gd_dor = [], [], [], [], []
         sync = None
         for seed in seeds:
             sc = scenario(seed * SEED_STRIDE)
@@ -157,6 +160,9 @@ def suite(make, seeds: range, rows: list[SuiteRow], depths: bool = False) -> lis
                 dor = Simulator(prof, sc).run(DepthOracleMean()).tok_s
                 dor_om.append(dor / tok["oracle-mean"])
                 pol_dor.append(res.tok_s / dor)
+                gd = Simulator(prof, sc).run(GoodputDepths()).tok_s
+                gd_pol.append(gd / res.tok_s)
+                gd_dor.append(gd / dor)
         out.append(
             {
                 "row": name,
@@ -179,6 +185,9 @@ def suite(make, seeds: range, rows: list[SuiteRow], depths: bool = False) -> lis
                 ema_om=statistics.mean(ema_om),
                 dor_om=statistics.mean(dor_om),
                 pol_dor=statistics.mean(pol_dor),
+                gd_pol=statistics.mean(gd_pol),
+                gd_pol_worst=min(gd_pol),
+                gd_dor=statistics.mean(gd_dor),
             )
     return out
 
@@ -193,23 +202,27 @@ def print_suite(rows: list[dict], seeds: range) -> None:
     print(
         "| row | mean/oracle-mean | worst seed | mean/best fixed | switches "
         "| explored time | best depth/oracle-mean | sglang-ema/oracle-mean "
-        "| depth-oracle/oracle-mean | mean/depth-oracle |"
+        "| depth-oracle/oracle-mean | mean/depth-oracle | goodput-depths/mean "
+        "(worst seed) | goodput-depths/depth-oracle |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         flag = "" if r["om_mean"] >= 0.98 and r["om_worst"] >= 0.95 else " (miss)"
         print(
             f"| {r['row']}{flag} | {r['om_mean']:.4f} | {r['om_worst']:.4f} | "
             f"{r['best_mean']:.4f} | {r['switches']:.1f} | {r['explored']:.2%} | "
             f"{r['depth_best_om']:.4f} (d{r['depth_best']}) | {r['ema_om']:.4f} | "
-            f"{r['dor_om']:.4f} | {r['pol_dor']:.4f} |"
+            f"{r['dor_om']:.4f} | {r['pol_dor']:.4f} | {r['gd_pol']:.4f} "
+            f"({r['gd_pol_worst']:.4f}) | {r['gd_dor']:.4f} |"
         )
     print()
     print(
         f"mean over rows: {statistics.mean(r['om_mean'] for r in rows):.4f} x "
         f"oracle-mean, {statistics.mean(r['best_mean'] for r in rows):.4f} x the "
         "better fixed mode, "
-        f"{statistics.mean(r['pol_dor'] for r in rows):.4f} x depth-oracle"
+        f"{statistics.mean(r['pol_dor'] for r in rows):.4f} x depth-oracle; "
+        f"goodput-depths {statistics.mean(r['gd_pol'] for r in rows):.4f} x the "
+        f"policy, {statistics.mean(r['gd_dor'] for r in rows):.4f} x depth-oracle"
     )
 
 

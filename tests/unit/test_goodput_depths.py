@@ -1,0 +1,118 @@
+"""``goodput-depths`` (issue #33, a first version): goodput that also chooses
+the SPEC depth. On a binary server it is goodput, step for step."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from eagle_gate.goodput import Goodput
+from eagle_gate.goodput_depths import GoodputDepths
+from eagle_gate.policy import Mode, StepOutcome, StepView
+from eagle_gate.sim import Scenario, Segment, Simulator, get_profile
+from eagle_gate.sim.baselines import DepthOracleMean
+from eagle_gate.sim.workloads import policy_suite
+
+
+def scenario(level: float, dur: float = 4.0, seed: int = 3) -> Scenario:
+    return Scenario(name="t", segments=(Segment(dur, level),), seed=seed)
+
+
+class Spy:
+    def __init__(self, inner, strip: bool = False):
+        self.inner = inner
+        self.name = inner.name
+        self.strip = strip
+        self.depths: set[tuple[Mode, int | None]] = set()
+
+    def decide(self, view):
+        return self.inner.decide(view)
+
+    def observe(self, outcome):
+        self.depths.add((outcome.mode, outcome.depth))
+        if self.strip:  # an adapter without per-position counts
+            outcome = dataclasses.replace(outcome, accepted_at_least=None)
+        self.inner.observe(outcome)
+
+
+@pytest.mark.parametrize(
+    "name,level", [("single-gpu-8b", 30.0), ("close-plain-3", 40.0)]
+)
+def test_on_a_binary_server_it_is_goodput(name, level):
+    prof = get_profile(name)
+    binary = dataclasses.replace(prof, depths=(prof.num_draft_tokens - 1,))
+    sc = scenario(level)
+    spy = Spy(GoodputDepths())
+    gd = Simulator(binary, sc).run(spy)
+    gp = Simulator(binary, sc).run(Goodput())
+    assert (gd.tok_s, gd.spec_steps, spy.inner.switches) == (
+        gp.tok_s,
+        gp.spec_steps,
+        gp.switches,
+    )
+    assert {d for m, d in spy.depths if m is Mode.SPEC} == {prof.num_draft_tokens - 1}
+
+
+def test_on_a_binary_suite_row_it_is_goodput():
+    name, prof, make = policy_suite(quick=True)[0]  # acc-down b1, 1-2 late
+    binary = dataclasses.replace(prof, depths=(prof.num_draft_tokens - 1,))
+    sc = make(0)
+    gd = Simulator(binary, sc).run(GoodputDepths())
+    gp = Simulator(binary, sc).run(Goodput())
+    assert gd.tok_s == gp.tok_s and gd.switches == gp.switches
+
+
+def test_it_finds_a_shallower_depth_that_beats_both_modes():
+    # close-plain-3 at ~40 clients: depth 1 is 13% ahead of PLAIN and depth 3
+    prof = get_profile("close-plain-3")
+    sc = scenario(40.0)
+    spy = Spy(GoodputDepths())
+    gd = Simulator(prof, sc).run(spy).tok_s
+    gp = Simulator(prof, sc).run(Goodput()).tok_s
+    dor = Simulator(prof, sc).run(DepthOracleMean()).tok_s
+    assert gd > 1.05 * gp
+    assert gd > 0.94 * dor  # (a short run: the first looks weigh)
+    assert (Mode.SPEC, 1) in spy.depths
+
+
+def test_without_per_position_counts_it_stays_at_the_configured_depth():
+    prof = get_profile("close-plain-3")
+    spy = Spy(GoodputDepths(), strip=True)
+    Simulator(prof, scenario(40.0)).run(spy)
+    assert {d for m, d in spy.depths if m is Mode.SPEC} == {3}
+
+
+def outcome(step, depth, at_least, b=8, dt=0.01, mode=Mode.SPEC):
+    lens = [1] * b
+    for n in at_least:
+        for i in range(n):
+            lens[i] += 1
+    return StepOutcome(
+        mode, b, sum(lens), lens, dt, step, depth=depth, accepted_at_least=at_least
+    )
+
+
+def test_per_position_acceptance_extrapolates_deeper_depths():
+    pol = GoodputDepths()
+    view = StepView(num_draft_tokens=4, depths=(1, 3, 5, 7))
+    pol.decide(view.update(batch_size=8, step=0, seq_len_sum=0))
+    for step in range(1, 40):  # alpha 0.5 at every position, depth 3
+        pol.observe(outcome(step, 3, (4, 2, 1)))
+    exp = pol._expected()
+    assert exp[1] == pytest.approx(1.5)
+    assert exp[3] == pytest.approx(1.875)
+    assert exp[7] == pytest.approx(2 - 0.5**7)  # beyond depth 3: the last q
+
+
+def test_an_outcome_at_another_depth_feeds_that_depth_only():
+    pol = GoodputDepths()
+    view = StepView(num_draft_tokens=4, depths=(1, 3, 5, 7))
+    pol.decide(view.update(batch_size=8, step=0, seq_len_sum=0))
+    pol.observe(outcome(0, 3, (4, 2, 1)))
+    pol.observe(outcome(1, 3, (4, 2, 1)))
+    spec_w = pol._times[0].w
+    pol.observe(outcome(2, 1, (4,)))
+    assert pol._times[0].w == spec_w  # goodput's SPEC line: the home depth's
+    assert pol._d_times[1].w == 1.0
+    assert pol._d_acc[1].slow == pytest.approx(1.5)
