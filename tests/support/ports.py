@@ -52,9 +52,10 @@ def _binds(port: int) -> bool:
     return True
 
 
-def reserve_port(state: Path = _STATE) -> int:
-    """A server port no concurrent session has been handed recently (see module doc)."""
-    slots = range(FIRST, LAST + 1, SLOT)
+def reserve_port(state: Path = _STATE, slots: range | None = None) -> int:
+    """A server port no concurrent session has been handed recently (see
+    module doc); ``slots``: the slot starts to pick from (default: all)."""
+    slots = range(FIRST, LAST + 1, SLOT) if slots is None else slots
     fd = os.open(state.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import random
 import socket
 
 from support import ports
@@ -33,12 +34,15 @@ def test_concurrent_sessions_never_get_the_same_slot(tmp_path):
 
 def test_a_slot_with_a_bound_port_is_passed_over(tmp_path):
     state = tmp_path / "ports.json"
-    first = ports.reserve_port(state)
-    # every other slot was handed out more recently; the first one is oldest
-    for _ in range(len(range(ports.FIRST, ports.LAST + 1, ports.SLOT)) - 1):
-        ports.reserve_port(state)
+    # three slots of a range no other test uses (below the servers' slots)
+    base = 5_000 + ports.SLOT * random.randrange(16)
+    slots = range(base, base + 3 * ports.SLOT, ports.SLOT)
+    first = ports.reserve_port(state, slots)
+    # the other slots were handed out more recently; the first one is oldest
+    assert ports.reserve_port(state, slots) != first
+    assert ports.reserve_port(state, slots) != first
     with socket.socket() as s:
         s.bind(("127.0.0.1", first + 233))  # a derived port of the oldest slot
-        again = ports.reserve_port(state)
+        again = ports.reserve_port(state, slots)
     assert again != first
-    assert ports.reserve_port(state) == first  # free again: the oldest slot
+    assert ports.reserve_port(state, slots) == first  # free again: the oldest
