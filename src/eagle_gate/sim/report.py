@@ -9,8 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from eagle_gate.goodput import Goodput
+from eagle_gate.goodput_depths import GoodputDepths
 from eagle_gate.policies import AlwaysSpec, NeverSpec, Threshold
-from eagle_gate.sim.baselines import EmaTier, Oracle, OracleMean, tune_threshold
+from eagle_gate.sim.baselines import (
+    DepthOracleMean,
+    EmaTier,
+    Oracle,
+    OracleMean,
+    tune_threshold,
+)
 from eagle_gate.sim.engine import Scenario, SimResult, Simulator
 from eagle_gate.sim.profiles import Profile
 from eagle_gate.sim.workloads import (
@@ -31,8 +38,10 @@ POLICY_ORDER: tuple[str, ...] = (
     "threshold*",
     "sglang-ema",
     "goodput",
+    "goodput-depths",
     "oracle",
     "oracle-mean",
+    "depth-oracle",
 )
 
 
@@ -56,8 +65,10 @@ def policy_factories(tuned: tuple[int, int]) -> dict[str, Callable[[], Any]]:
         "threshold*": lambda: _named(Threshold(pa, sb), "threshold*"),
         "sglang-ema": EmaTier,
         "goodput": Goodput,
+        "goodput-depths": GoodputDepths,
         "oracle": Oracle,
         "oracle-mean": OracleMean,
+        "depth-oracle": DepthOracleMean,
     }
 
 
