@@ -52,10 +52,12 @@ class TimingAgreement:
         accept_lens: Any,
         interval: float | None,
         draft_matches: int | None = None,
+        depth: int | None = None,
     ):
         """Keep one resolved outcome until the next agreement. ``draft_matches``
-        travels as it is: every rank counts it from the same sampled tokens."""
-        self._held.append((mode, step, accept_lens, interval, draft_matches))
+        and ``depth`` travel as they are: every rank counts them from the same
+        sampled tokens and ran the same depth."""
+        self._held.append((mode, step, accept_lens, interval, draft_matches, depth))
 
     def due(self, step: int) -> bool:
         """Whether the decision at ``step`` is preceded by an agreement."""
@@ -63,7 +65,7 @@ class TimingAgreement:
 
     def release(self) -> list[tuple]:
         """Agree and return the held outcomes, ``(mode, step, accept_lens,
-        interval, draft_matches)``, with rank 0's intervals.
+        interval, draft_matches, depth)``, with rank 0's intervals.
 
         Every rank must call this at the same step. The number of held
         outcomes is the same on every rank (results are resolved at the same
@@ -72,7 +74,7 @@ class TimingAgreement:
         """
         held, self._held = self._held, []
         if self.broadcast is None:
-            return [(mode, step, lens, None, dm) for mode, step, lens, _, dm in held]
+            return [(m, step, lens, None, dm, d) for m, step, lens, _, dm, d in held]
         mine = [len(held)] + [item[3] for item in held]
         agreed = self.broadcast(mine)
         if agreed[0] != len(held):
@@ -82,8 +84,8 @@ class TimingAgreement:
             )
         self.rounds += 1
         return [
-            (mode, step, lens, interval, dm)
-            for (mode, step, lens, _, dm), interval in zip(
+            (mode, step, lens, interval, dm, depth)
+            for (mode, step, lens, _, dm, depth), interval in zip(
                 held, agreed[1:], strict=True
             )
         ]

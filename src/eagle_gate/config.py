@@ -129,6 +129,9 @@ class GateConfig:
     #: else eager), "on" (refuse the launch when they cannot be captured),
     #: "off" (plain steps always run the target eagerly).
     plain_graphs: str = DEFAULT_PLAIN_GRAPHS
+    #: SPEC depths besides the configured one (``eagle_gate.depths``): "off",
+    #: "auto" or ascending depths "1,2,3".
+    depths: str = "off"
 
     def to_json(self) -> str:
         return json.dumps(
@@ -334,6 +337,16 @@ def resolve_config_with_origins(
             "to capture (use --gate-plain-graphs auto or off)",
             field="plain_graphs",
             origin=origins["plain_graphs"],
+        )
+
+    if values["depths"] != "off" and values["draft_sync"] == "lazy":
+        raise ConfigError(
+            f"depths: {values['depths']!r} cannot run with draft_sync 'lazy': its "
+            "buffer has the configured depth's width and catches up before SGLang "
+            "switches depth; use --gate-draft-sync eager or none, or --gate-depths "
+            "off",
+            field="depths",
+            origin=origins["depths"],
         )
 
     raw_settings, setting_origins = _raw_settings(cli, env, file_data, config_path)

@@ -40,7 +40,7 @@ class Decision:
     hot path): read it before the next decision.
     """
 
-    __slots__ = ("step", "batch_size", "decided", "mode", "override")
+    __slots__ = ("step", "batch_size", "decided", "mode", "override", "depth")
 
     def __init__(
         self,
@@ -49,24 +49,31 @@ class Decision:
         batch_size: int = 0,
         decided: int | None = None,
         override: str | None = None,
+        depth: int = 0,
     ) -> None:
         self.mode = mode
         self.step = step
         self.batch_size = batch_size
         self.decided = mode if decided is None else decided
         self.override = override
+        #: the SPEC depth to run (draft steps); 0 where the step is PLAIN or
+        #: the depth is the server's configured one on a binary server.
+        self.depth = depth
 
-    def ran_spec(self, decided: int, override: str | None) -> Decision:
-        """This step runs SPEC for a reason other than the policy's choice."""
+    def ran_spec(self, decided: int, override: str | None, depth: int = 0) -> Decision:
+        """This step runs SPEC (at ``depth``, 0: the configured depth) for a
+        reason other than the policy's choice."""
         self.decided = decided
         self.mode = Mode.SPEC
         self.override = override
+        self.depth = depth
         return self
 
     def __repr__(self) -> str:
         return (
             f"Decision(mode={self.mode!r}, step={self.step}, batch_size="
-            f"{self.batch_size}, decided={self.decided!r}, override={self.override!r})"
+            f"{self.batch_size}, decided={self.decided!r}, override={self.override!r}"
+            f", depth={self.depth})"
         )
 
 

@@ -25,9 +25,11 @@ the record was taken, ``step`` the gate's decode-step number in this process):
   PLAIN, or null; ``shadow`` on every decision of shadow mode (``decided`` is
   what the policy would have run).
 * ``{"v":1,"kind":"outcome","t","step","mode","batch_size","tokens",
-  "accept_lens","interval_s"[,"draft_matches"]}`` -- the step's resolved
+  "accept_lens","interval_s"[,"draft_matches"][,"depth"]}`` -- the step's resolved
   result, exactly the :class:`eagle_gate.StepOutcome` the policy saw
-  (``mode``: what really ran; ``draft_matches`` only where measured).
+  (``mode``: what really ran; ``draft_matches`` only where measured;
+  ``depth``: the SPEC depth that ran, 0 for PLAIN, only on a server whose
+  policy may choose depths, ``--gate-depths``).
 * ``{"v":1,"kind":"plain_failure","t","step","error"}`` -- the plain step
   raised at ``step``; the stock step ran.
 * ``{"v":1,"kind":"dropped","t","decisions","outcomes"}`` -- records left out
@@ -151,6 +153,7 @@ class DecisionLog:
         tokens: int,
         interval_s: float | None,
         draft_matches: int | None = None,
+        depth: int | None = None,
     ) -> None:
         now = self._clock()
         self._admit(now)
@@ -158,9 +161,8 @@ class DecisionLog:
             self.dropped_outcomes += 1
             return
         self._n_outcomes += 1
-        self._pending.append(
-            ("o", now, step, mode, accept_lens, tokens, interval_s, draft_matches)
-        )
+        record = ("o", now, step, mode, accept_lens, tokens, interval_s)
+        self._pending.append((*record, draft_matches, depth))
 
     def plain_failure(self, step: int, error: str) -> None:
         self._pending.append(("f", self._clock(), step, error))
@@ -210,7 +212,7 @@ class DecisionLog:
                 "override": override,
             }
         if kind == "o":
-            _, t, step, mode, lens, tokens, interval, matches = rec
+            _, t, step, mode, lens, tokens, interval, matches, depth = rec
             record = {
                 "kind": "outcome",
                 "t": t,
@@ -223,6 +225,8 @@ class DecisionLog:
             }
             if matches is not None:
                 record["draft_matches"] = int(matches)
+            if depth is not None:
+                record["depth"] = int(depth)
             return record
         if kind == "f":
             _, t, step, error = rec

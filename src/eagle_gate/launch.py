@@ -117,7 +117,9 @@ def check_resolved(
     spec = adapter.resolve_spec(server_args, requested_flags(sglang_argv))
     if spec.speculating:
         logger.info("eagle_gate: SGLang resolved speculation: %s", spec.describe())
-    return adapter.check_spec(spec, draft_sync=plain_draft_sync(config))
+    return adapter.check_spec(
+        spec, draft_sync=plain_draft_sync(config), depths=config.depths
+    )
 
 
 def plain_draft_sync(config: GateConfig) -> str | None:
@@ -160,6 +162,13 @@ def run(adapter, config: GateConfig, sglang_argv: list[str]) -> int:
 
     server_args = prepare_server_args(sglang_argv)
     try:
+        if config.depths != "off" and adapter.depths is not None:
+            # SGLang builds a runtime state per depth (0.5.23; the gate drives
+            # them, adapters/sglang_0_5_23/depths.py); 0.5.9 refuses below
+            extra = adapter.depths.launch_args(server_args, config.depths)
+            if extra:
+                sglang_argv = [*sglang_argv, *extra]
+                server_args = prepare_server_args(sglang_argv)
         gated, state = check_resolved(adapter, server_args, sglang_argv, config)
     except adapters.GateRefused as exc:
         return _fail(str(exc))

@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from eagle_gate.depths import parse_depths
+
 __all__ = [
     "DEFAULT_DRAFT_SYNC",
     "DEFAULT_LAZY_MAX_MIB",
@@ -198,7 +200,9 @@ class Option:
     """
 
     key: str
-    kind: Literal["choice", "switch", "positive_int", "path", "policy", "table", "flag"]
+    kind: Literal[
+        "choice", "switch", "positive_int", "path", "policy", "table", "flag", "depths"
+    ]
     flag: str
     env: str
     help: str
@@ -245,6 +249,11 @@ class Option:
             return parse_name(self.key, value)
         if self.kind == "table":
             return parse_table(self.key, value)
+        if self.kind == "depths":
+            try:
+                return parse_depths(self.key, value)
+            except ValueError as exc:
+                raise ConfigError(str(exc), field=self.key) from None
         return parse_flag(self.key, value)
 
     def file_value_ok(self, value: Any) -> bool:
@@ -361,6 +370,18 @@ OPTIONS: tuple[Option, ...] = (
         "cannot be captured), off (always eager) (env {env}; default auto)",
         default=DEFAULT_PLAIN_GRAPHS,
         choices=PLAIN_GRAPHS_CHOICES,
+    ),
+    Option(
+        "depths",
+        "depths",
+        "--gate-depths",
+        "EAGLE_GATE_DEPTHS",
+        "SPEC draft depths a policy may choose per batch besides PLAIN: off (the "
+        "configured depth only), auto (1, half the configured depth, the "
+        "configured depth) or a list like 1,2,3; SGLang 0.5.23 only, through its "
+        "adaptive runtime states (env {env}; default off)",
+        default="off",
+        metavar="off|auto|D,D,...",
     ),
     Option(
         "shadow",

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,7 +51,7 @@ from eagle_gate.decision import Decision, PlainStepLike, checked_outcome
 from eagle_gate.facts import ProcessFacts, plain_graphs_off
 from eagle_gate.guards import Guards
 from eagle_gate.ops import OpsSettings
-from eagle_gate.policy import Mode, Policy, StepOutcome, StepView
+from eagle_gate.policy import Mode, Policy, StepOutcome, StepView, _check_depths
 from eagle_gate.shadow import SHADOW_NOTE, ShadowLedger, predicted_plain_rate
 from eagle_gate.status_record import policy_estimates, status_record
 
@@ -114,6 +115,9 @@ class GateRuntime:
         self.policy = policy
         self.facts = facts
         self.plain_step = plain_step
+        #: the adapter's depth control where the policy may choose SPEC depths
+        #: (:meth:`enable_depths`); None: every SPEC step runs the configured one.
+        self.depth_control: Any = None
         self._clock = clock
         self._timer = timer
         self.view = StepView(
@@ -199,8 +203,8 @@ class GateRuntime:
         self.step = step + 1
         agreement = self.agreement
         if agreement is not None and agreement.due(step):
-            for mode_, step_, lens_, interval_, matches_ in agreement.release():
-                self._deliver(mode_, step_, lens_, interval_, None, matches_)
+            for mode_, step_, lens_, interval_, matches_, d_ in agreement.release():
+                self._deliver(mode_, step_, lens_, interval_, None, matches_, d_)
         view = self.view.update(
             batch_size=batch_size,
             step=step,
@@ -250,7 +254,24 @@ class GateRuntime:
                 return d.ran_spec(mode, reason)
         d.decided = d.mode = mode
         d.override = None
+        d.depth = 0
+        if self.depth_control is not None and mode is Mode.SPEC:
+            depth = view.depth
+            if depth not in view.depths:
+                self._policy_error(
+                    PolicyErrors.DECIDE_INVALID,
+                    f"decide chose depth {depth!r}, not one of {view.depths}",
+                )
+                return d.ran_spec(DECIDED_ERROR, None)
+            d.depth = depth
         return d
+
+    def enable_depths(self, depths: Sequence[int], control: Any) -> None:
+        """Let the policy choose SPEC ``depths`` (each >= 1, the configured one
+        among them); ``control`` is the adapter's object whose ``depth`` the
+        worker wrapper sets before a SPEC step runs (``adapters/hooks.py``)."""
+        self.view.depths = _check_depths(depths, self.view.configured_depth)
+        self.depth_control = control
 
     def record(self, decision: Decision) -> None:
         """Write ``decision`` to the ring of last decisions and the decision log."""
@@ -317,8 +338,10 @@ class GateRuntime:
         step: int,
         accept_lens: Sequence[int],
         draft_matches: int | None = None,
+        depth: int | None = None,
     ) -> None:
-        """Account a resolved decode step and tell the policy.
+        """Account a resolved decode step and tell the policy. ``depth``: the
+        SPEC depth that ran (0 PLAIN; None: the configured depth).
 
         In named steps: the interval since the last resolved step;
         validation (:func:`~eagle_gate.decision.checked_outcome`, the outcome
@@ -337,7 +360,10 @@ class GateRuntime:
         self._last_resolve = now
         self._non_decode_since_resolve = False
         checked = checked_outcome(
-            mode, accept_lens, self.view.num_draft_tokens, self.counters
+            mode,
+            accept_lens,
+            depth + 1 if depth else self.view.num_draft_tokens,
+            self.counters,
         )
         if checked is None:  # refused: the next interval is unknown too
             self._non_decode_since_resolve = True
@@ -350,14 +376,14 @@ class GateRuntime:
         )
         log = self.decision_log
         if log is not None:
-            log.outcome(step, mode, accept_lens, tokens, interval, draft_matches)
+            log.outcome(step, mode, accept_lens, tokens, interval, draft_matches, depth)
         if self.degraded is not None:
             return
         agreement = self.agreement
         if agreement is not None:  # the TP hold, released in propose()
-            agreement.hold(mode, step, accept_lens, interval, draft_matches)
+            agreement.hold(mode, step, accept_lens, interval, draft_matches, depth)
             return
-        self._deliver(mode, step, accept_lens, interval, tokens, draft_matches)
+        self._deliver(mode, step, accept_lens, interval, tokens, draft_matches, depth)
 
     def _deliver(
         self,
@@ -367,10 +393,19 @@ class GateRuntime:
         interval: Any,
         tokens: int | None = None,
         draft_matches: int | None = None,
+        depth: int | None = None,
     ) -> None:
         """Hand the policy one outcome (with agreed timings under TP)."""
         if self.degraded is not None:
             return
+        at_least = None
+        if depth and self.depth_control is not None:
+            # per position j = 1..depth, the requests that accepted >= j drafts
+            # (accept length >= j + 1); after SGLang cut finished requests'
+            # outputs, so a finishing request may count short
+            lens = sorted(accept_lens)
+            b = len(lens)
+            at_least = tuple(b - bisect_left(lens, j + 1) for j in range(1, depth + 1))
         outcome = StepOutcome(
             mode=mode,
             batch_size=len(accept_lens),
@@ -379,7 +414,14 @@ class GateRuntime:
             interval_s=interval,
             step=step,
             draft_matches=draft_matches,
-            depth=0 if mode is Mode.PLAIN else self.view.configured_depth,
+            accepted_at_least=at_least,
+            depth=(
+                depth
+                if depth is not None
+                else 0
+                if mode is Mode.PLAIN
+                else self.view.configured_depth
+            ),
         )
         try:
             self.policy.observe(outcome)

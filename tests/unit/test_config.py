@@ -196,6 +196,7 @@ SAMPLES = {
     "plain_step": ("off", "off", "false", False),
     "plain_graphs": ("off", "off", '"off"', "off"),
     "shadow": ("on", "on", "true", True),
+    "depths": ("3,1", "1, 3", "[3, 1]", "1,3"),
 }
 #: per setting: a value it refuses, and from where (env or a TOML line).
 BAD = {
@@ -208,6 +209,7 @@ BAD = {
     "plain_step": ("env", "maybe"),
     "plain_graphs": ("env", "cuda"),
     "shadow": ("file", 'shadow = "sometimes"'),
+    "depths": ("env", "0,1"),
 }
 
 
@@ -269,6 +271,7 @@ def test_the_table_makes_each_flag_variable_file_key_and_json_key():
         "plain_step": ("--gate-plain-step", "EAGLE_GATE_PLAIN_STEP"),
         "plain_graphs": ("--gate-plain-graphs", "EAGLE_GATE_PLAIN_GRAPHS"),
         "shadow": ("--gate-shadow", "EAGLE_GATE_SHADOW"),
+        "depths": ("--gate-depths", "EAGLE_GATE_DEPTHS"),
         "decision_log": ("--gate-decision-log", "EAGLE_GATE_DECISION_LOG"),
         "allow_untested_sglang": (
             "--gate-allow-untested-sglang",

@@ -115,10 +115,10 @@ def test_agreement_releases_rank0_timings_in_order_and_checks_counts():
     agreement = TimingAgreement(rank0_says, every=4)
     assert [agreement.due(s) for s in range(5)] == [True, False, False, False, True]
     agreement.hold("spec", 7, [3, 1], 0.9)
-    agreement.hold("plain", 8, [1, 1], None, 1)
+    agreement.hold("plain", 8, [1, 1], None, 1, 0)
     assert agreement.release() == [
-        ("spec", 7, [3, 1], 0.5, None),
-        ("plain", 8, [1, 1], None, 1),
+        ("spec", 7, [3, 1], 0.5, None, None),
+        ("plain", 8, [1, 1], None, 1, 0),
     ]
     assert sent == [[2, 0.9, None]]
     agreement.hold("spec", 9, [2], 0.1)
@@ -132,4 +132,4 @@ def test_without_a_group_outcomes_carry_no_timings():
 
     agreement = TimingAgreement(None)
     agreement.hold("spec", 1, [2], 0.25)
-    assert agreement.release() == [("spec", 1, [2], None, None)]
+    assert agreement.release() == [("spec", 1, [2], None, None, None)]

@@ -89,7 +89,9 @@ def activate_scheduler(
     config = config or config_from_environment()
     spec = adapter.resolve_spec(server_args, requested_from_environment())
     gated, state = adapter.check_spec(
-        spec, draft_sync=config.draft_sync if config.plain_step else None
+        spec,
+        draft_sync=config.draft_sync if config.plain_step else None,
+        depths=config.depths,
     )
     if gated:
         check_built_worker(getattr(scheduler, "draft_worker", None), spec, worker_hint)

@@ -41,6 +41,8 @@ __all__ = [
 #: attributes the worker wrapper sets on a result for the resolver wrapper.
 RESULT_MODE_ATTR = "eagle_gate_mode"
 RESULT_STEP_ATTR = "eagle_gate_step"
+#: the SPEC depth that ran (0: PLAIN), only where the policy chooses depths.
+RESULT_DEPTH_ATTR = "eagle_gate_depth"
 
 
 class _Active:
@@ -109,6 +111,11 @@ def make_worker_wrapper(batch_param: str) -> Callable:
                 return wrapped(*args, **kwargs)
             mode = decision.mode
             step = decision.step
+        depths = runtime.depth_control
+        if depths is not None and mode is Mode.SPEC:
+            # the depth SGLang's own per-batch activation then applies
+            # (adapters/sglang_0_5_23/depths.py); 0: the configured one
+            depths.depth = decision.depth or depths.configured
         if mode is Mode.PLAIN:
             # A failing plain step runs SGLang's stock step instead (counted;
             # repeated failures degrade the gate to stock for the rest of the run).
@@ -123,6 +130,10 @@ def make_worker_wrapper(batch_param: str) -> Callable:
             result = wrapped(*args, **kwargs)
         setattr(result, RESULT_MODE_ATTR, mode)
         setattr(result, RESULT_STEP_ATTR, step)
+        if depths is not None:
+            # a failed plain step ran the stock step at the control's depth
+            ran = 0 if mode is Mode.PLAIN else depths.depth
+            setattr(result, RESULT_DEPTH_ATTR, ran)
         return result
 
     return forward_batch_generation
@@ -148,6 +159,7 @@ def resolver_wrapper(wrapped, instance, args, kwargs):
             getattr(result, RESULT_STEP_ATTR),
             list(map(len, tokens)),
             read_draft_matches(result),
+            getattr(result, RESULT_DEPTH_ATTR, None),
         )
     except Exception as exc:
         runtime.guards.internal_error("observing", exc)

@@ -151,6 +151,10 @@ class SGLangAdapter(Protocol):
     graphs: VersionGraphs
     dp: VersionDP
     fixes: VersionFixes
+    #: per-batch SPEC depth (``--gate-depths``): the version's module with
+    #: ``launch_args(server_args, setting)`` and ``install(runtime, scheduler,
+    #: setting)``, or None where depths cannot change (0.5.9).
+    depths: Any
 
     def _instrument(self) -> None: ...
 
@@ -185,8 +189,10 @@ class SGLangAdapter(Protocol):
         environ: dict | None = None,
         *,
         draft_sync: str | None = None,
+        depths: str = "off",
     ) -> tuple[bool, str]:
-        """``(gated, state)`` for this resolved setup, or GateRefused."""
+        """``(gated, state)`` for this resolved setup under the gate's draft
+        sync and ``--gate-depths`` setting, or GateRefused."""
         ...
 
     def check_server_args(
@@ -195,6 +201,7 @@ class SGLangAdapter(Protocol):
         environ: dict | None = None,
         *,
         draft_sync: str | None = None,
+        depths: str = "off",
     ) -> tuple[bool, str]:
         """:meth:`check_spec` of ``server_args``'s resolved view."""
         ...

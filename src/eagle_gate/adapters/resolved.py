@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ __all__ = [
     "export_requested",
     "requested_from_environment",
     "sglang_flag",
+    "server_args_check",
 ]
 
 #: the launcher's raw speculative flags, for SGLang's scheduler processes:
@@ -214,3 +215,22 @@ def sglang_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
         return bool(field.parse(raw))
     except ValueError:
         return bool(default)
+
+
+def server_args_check(
+    check_spec: Callable[..., tuple[bool, str]], resolve_spec: Callable[[Any], Any]
+) -> Callable[..., tuple[bool, str]]:
+    """A version's ``check_server_args``: its ``check_spec`` of a record's
+    resolved view (``resolve_spec``), with the same gate settings."""
+
+    def check_server_args(
+        server_args: Any,
+        environ: dict | None = None,
+        *,
+        draft_sync: str | None = None,
+        depths: str = "off",
+    ) -> tuple[bool, str]:
+        spec = resolve_spec(server_args)
+        return check_spec(spec, environ, draft_sync=draft_sync, depths=depths)
+
+    return check_server_args

@@ -98,13 +98,17 @@ def run_checks(
     checks += setting_checks
     if resolved is not None:
         status_dir, draft_sync = resolved.status_dir, plain_draft_sync(resolved)
+        depths = resolved.depths
     else:  # go on with the values as given, so that their checks still run
         raw = config.unvalidated(options.cli_values(args), env)
         status_dir = raw["status_dir"]
         draft_sync = None if raw["plain_step"] is False else raw["draft_sync"]
+        depths = raw.get("depths") or "off"
     checks.append(check_status_dir(status_dir))
     if adapter is not None:
-        checks.append(check_speculative_flags(adapter, sglang_argv, draft_sync, env))
+        checks.append(
+            check_speculative_flags(adapter, sglang_argv, draft_sync, env, depths)
+        )
     return checks
 
 

@@ -164,11 +164,13 @@ def check_speculative_flags(
     sglang_argv: Sequence[str] | None,
     draft_sync: str | None,
     env: Mapping[str, str],
+    depths: str = "off",
 ) -> Check:
     """The launcher's refusal check on the speculative setup SGLang resolves
     from this command line (NEXTN as EAGLE, the shape SGLang chooses itself,
     adaptive after its own switch-off), shown in the row's detail.
-    ``draft_sync``: the plain step's draft sync, None when it has none."""
+    ``draft_sync``: the plain step's draft sync, None when it has none;
+    ``depths``: the ``--gate-depths`` setting."""
     name = "speculative flags"
     if sglang_argv is None:
         detail = "not checked: give the SGLang command line after --"
@@ -191,7 +193,9 @@ def check_speculative_flags(
         detail = f"SGLang's resolution failed: {type(exc).__name__}: {exc}"
         return Check(name, False, detail, fix=fix)
     try:
-        _, state = adapter.check_spec(spec, environ=env, draft_sync=draft_sync)
+        _, state = adapter.check_spec(
+            spec, environ=env, draft_sync=draft_sync, depths=depths
+        )
     except adapters.GateRefused as exc:
         fix = (
             "change the SGLang command line as the refusal says, or serve this "

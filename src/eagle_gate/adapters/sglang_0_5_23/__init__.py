@@ -24,13 +24,24 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from eagle_gate.adapters.hooks import version_patches
 from eagle_gate.adapters.patching import PatchTarget
 from eagle_gate.adapters.refusals import GateRefused, check_speculation
-from eagle_gate.adapters.resolved import ResolvedSpec, sglang_flag
-from eagle_gate.adapters.sglang_0_5_23 import dp, fixes, graphs, plain  # noqa: F401
+from eagle_gate.adapters.resolved import (
+    ResolvedSpec,
+    server_args_check,
+    sglang_flag,
+)
+from eagle_gate.adapters.sglang_0_5_23 import (  # noqa: F401
+    depths,
+    dp,
+    fixes,
+    graphs,
+    plain,
+)
 from eagle_gate.adapters.sglang_0_5_23.resolve import (  # noqa: F401 (adapter API)
     resolve_argv,
     resolve_spec,
@@ -94,7 +105,11 @@ def api_keys(http_server: Any) -> tuple[str | None, str | None] | None:
 
 
 def check_spec(
-    spec: ResolvedSpec, environ: dict | None = None, *, draft_sync: str | None = None
+    spec: ResolvedSpec,
+    environ: Mapping[str, str] | None = None,
+    *,
+    draft_sync: str | None = None,
+    depths: str = "off",
 ) -> tuple[bool, str]:
     """Refuse speculative setups the gate cannot run on 0.5.23, judged on
     SGLang's own resolution (:func:`resolve.resolve_spec`): NEXTN as the EAGLE
@@ -110,9 +125,11 @@ def check_spec(
         spec,
         extra_refusals=[
             (
-                spec.adaptive,
+                spec.adaptive and depths == "off",
                 "--speculative-adaptive is SGLang's own adaptive speculation and "
-                "would fight eagle_gate over the same decision; use one of them",
+                "would fight eagle_gate over the same decision; to have the gate "
+                "choose the draft depth per batch, use --gate-depths auto (or a "
+                "list like 1,2,3) instead",
             ),
             (
                 spec.attn_dp_size > 1 and sglang_flag(DP_PREFILL_COORDINATION, environ),
@@ -127,11 +144,8 @@ def check_spec(
     )
 
 
-def check_server_args(
-    server_args: Any, environ: dict | None = None, *, draft_sync: str | None = None
-) -> tuple[bool, str]:
-    """:func:`check_spec` of this record's resolved view."""
-    return check_spec(resolve_spec(server_args), environ, draft_sync=draft_sync)
+#: :func:`check_spec` of a record's resolved view
+check_server_args = server_args_check(check_spec, resolve_spec)
 
 
 def check_scheduler(scheduler: Any, config: Any) -> None:
@@ -176,9 +190,10 @@ def _parallel() -> Any:
 def activate_in_scheduler(scheduler: Any, config=None):
     """Runs right after ``Scheduler.__init__`` in each scheduler process."""
     from eagle_gate.adapters.activation import activate_scheduler
+    from eagle_gate.adapters.hooks import ACTIVE
 
     par = _parallel()
-    return activate_scheduler(
+    runtime = activate_scheduler(
         ADAPTER,
         scheduler,
         tp_rank=int(getattr(par, "tp_rank", 0) or 0),
@@ -187,6 +202,9 @@ def activate_in_scheduler(scheduler: Any, config=None):
         worker_hint="eagle_gate only gates EAGLEWorkerV2",
         config=config,
     )
+    if ACTIVE.runtime is runtime and runtime.config.depths != "off":
+        depths.install(runtime, scheduler, runtime.config.depths)
+    return runtime
 
 
 def load_sglang_plugins() -> None:

@@ -24,7 +24,11 @@ from typing import Any
 from eagle_gate.adapters.hooks import version_patches
 from eagle_gate.adapters.patching import PatchTarget
 from eagle_gate.adapters.refusals import GateRefused, check_speculation
-from eagle_gate.adapters.resolved import ResolvedSpec, sglang_flag
+from eagle_gate.adapters.resolved import (
+    ResolvedSpec,
+    server_args_check,
+    sglang_flag,
+)
 from eagle_gate.adapters.sglang_0_5_9 import dp, fixes, graphs, plain  # noqa: F401
 from eagle_gate.adapters.sglang_0_5_9.resolve import (  # noqa: F401 (adapter API)
     resolve_argv,
@@ -32,6 +36,9 @@ from eagle_gate.adapters.sglang_0_5_9.resolve import (  # noqa: F401 (adapter AP
 )
 
 SGLANG_VERSIONS = ("0.5.9",)
+#: no per-depth runtime states in 0.5.9: the gate stays binary (check_spec
+#: refuses --gate-depths other than off)
+depths = None
 #: SGLang's switch that drops the MLP-sync gather under DP attention.
 SKIP_ALL_GATHER = "SGLANG_SCHEDULER_SKIP_ALL_GATHER"
 NAME = "sglang-0.5.9"
@@ -94,20 +101,12 @@ def load_sglang_plugins() -> None:
     launcher instruments schedulers itself (:func:`run_scheduler_process`)."""
 
 
-def api_keys(http_server: Any) -> tuple[str | None, str | None] | None:
-    """SGLang's ``(api_key, admin_api_key)`` as 0.5.9's HTTP server keeps them
-    (its tokenizer manager's server args; ``http_server`` is
-    ``sglang.srt.entrypoints.http_server``), None before it has them. The
-    control endpoint defers to SGLang's key check when one is set."""
-    try:
-        args = http_server._global_state.tokenizer_manager.server_args
-        return args.api_key, getattr(args, "admin_api_key", None)
-    except Exception:
-        return None
-
-
 def check_spec(
-    spec: ResolvedSpec, environ: dict | None = None, *, draft_sync: str | None = None
+    spec: ResolvedSpec,
+    environ: dict | None = None,
+    *,
+    draft_sync: str | None = None,
+    depths: str = "off",
 ) -> tuple[bool, str]:
     """Refuse speculative setups the gate cannot run on 0.5.9 (see module doc),
     judged on SGLang's resolution (:func:`resolve.resolve_spec`)."""
@@ -128,6 +127,12 @@ def check_spec(
                 "the DP ranks then run without the MLP-sync gather that carries "
                 "the gate's vote on the mode; unset it",
             ),
+            (
+                depths != "off",
+                f"--gate-depths {depths}: SGLang 0.5.9 has no per-depth runtime "
+                "states, so the gate cannot change the draft depth per batch there "
+                "(supported on SGLang 0.5.23); use --gate-depths off",
+            ),
         ],
         draft_sync=draft_sync,
         gates_dp_attention=dp.GATES_DP_ATTENTION,
@@ -141,11 +146,20 @@ def check_spec(
     return gated, state
 
 
-def check_server_args(
-    server_args: Any, environ: dict | None = None, *, draft_sync: str | None = None
-) -> tuple[bool, str]:
-    """:func:`check_spec` of this ``ServerArgs``'s resolved view."""
-    return check_spec(resolve_spec(server_args), environ, draft_sync=draft_sync)
+#: :func:`check_spec` of a record's resolved view
+check_server_args = server_args_check(check_spec, resolve_spec)
+
+
+def api_keys(http_server: Any) -> tuple[str | None, str | None] | None:
+    """SGLang's ``(api_key, admin_api_key)`` as 0.5.9's HTTP server keeps them
+    (its tokenizer manager's server args; ``http_server`` is
+    ``sglang.srt.entrypoints.http_server``), None before it has them. The
+    control endpoint defers to SGLang's key check when one is set."""
+    try:
+        args = http_server._global_state.tokenizer_manager.server_args
+        return args.api_key, getattr(args, "admin_api_key", None)
+    except Exception:
+        return None
 
 
 def committed_len(req: Any) -> int:

@@ -8,7 +8,8 @@ plugin, through the ``eagle_gate`` entry point.
   policy's first decision (a runtime change starts it afresh), e.g.
   ``"s3,p2"`` (3 SPEC steps, 2 PLAIN steps, repeated), or with
   ``repeat = false`` played once and then SPEC for good: forces PLAIN
-  stretches of known lengths.
+  stretches of known lengths. ``s<N>@<D>`` runs those SPEC steps at draft
+  depth ``D`` (a server with ``--gate-depths``; ``view.depth``).
 * ``coin``: a seeded random switcher (``seed``, ``plain_share``), a
   deterministic function of the step.
 * ``flaky``: PLAIN, but ``decide`` raises on every ``every``-th step from
@@ -25,24 +26,37 @@ from eagle_gate import Mode, PolicyFactory, Setting
 _CODES = {"s": Mode.SPEC, "p": Mode.PLAIN}
 
 
-def parse_pattern(pattern: str) -> list[Mode]:
-    """``"s3,p2"`` -> [SPEC, SPEC, SPEC, PLAIN, PLAIN]."""
-    modes: list[Mode] = []
+def parse_steps(pattern: str) -> list[tuple[Mode, int | None]]:
+    """``"s2@1,p1"`` -> [(SPEC, 1), (SPEC, 1), (PLAIN, None)]: each step's
+    mode and SPEC depth (None: the configured one)."""
+    steps: list[tuple[Mode, int | None]] = []
     for part in pattern.split(","):
         part = part.strip().lower()
-        if not part or part[0] not in _CODES or not part[1:].isdigit():
-            raise ValueError(f"bad pattern part {part!r}: use s<N> or p<N>")
-        modes += [_CODES[part[0]]] * int(part[1:])
-    if not modes:
+        count, _, depth = part[1:].partition("@")
+        if (
+            not part
+            or part[0] not in _CODES
+            or not count.isdigit()
+            or (depth and (part[0] != "s" or not depth.isdigit()))
+        ):
+            raise ValueError(f"bad pattern part {part!r}: use s<N>, s<N>@<D> or p<N>")
+        steps += [(_CODES[part[0]], int(depth) if depth else None)] * int(count)
+    if not steps:
         raise ValueError("empty pattern")
-    return modes
+    return steps
+
+
+def parse_pattern(pattern: str) -> list[Mode]:
+    """``"s3,p2"`` -> [SPEC, SPEC, SPEC, PLAIN, PLAIN]."""
+    return [mode for mode, _ in parse_steps(pattern)]
 
 
 class Schedule:
     name = "schedule"
 
     def __init__(self, pattern: str = "s2,p2", repeat: bool = True) -> None:
-        self.modes = parse_pattern(pattern)
+        self.steps = parse_steps(pattern)
+        self.modes = [mode for mode, _ in self.steps]
         self.repeat = repeat
         self.first_step: int | None = None
 
@@ -50,9 +64,12 @@ class Schedule:
         if self.first_step is None:
             self.first_step = view.step
         step = view.step - self.first_step
-        if step < len(self.modes):
-            return self.modes[step]
-        return self.modes[step % len(self.modes)] if self.repeat else Mode.SPEC
+        if step >= len(self.steps) and not self.repeat:
+            return Mode.SPEC
+        mode, depth = self.steps[step % len(self.steps)]
+        if depth is not None:
+            view.depth = depth
+        return mode
 
     def observe(self, outcome: eagle_gate.StepOutcome) -> None:
         pass

@@ -1,0 +1,131 @@
+"""Per-batch draft depth (``--gate-depths``, #33) on real CPU EAGLE-3 servers.
+
+SGLang 0.5.23: the gate's launcher asks SGLang for one adaptive runtime state
+per depth (``--speculative-adaptive`` with the gate's own config, never depth
+0) and each scheduler hands SGLang's step controller the gate's depth
+(``adapters/sglang_0_5_23/depths.py``). A forced schedule (``schedule``,
+``s<N>@<D>``) visits every depth and PLAIN stretches of 1, 2 and 4, with depth
+changes up and down; greedy outputs must equal a server without speculation's,
+every step's logged depth must be one the schedule asked for, and the accept
+lengths must fit the depth that ran (a depth-1 step verifies 2 tokens per
+request: an accept length above 2 there means SGLang ran another depth).
+
+SGLang 0.5.9 has no per-depth states: ``--gate-depths`` is refused at launch,
+before any model loads, naming what is supported.
+
+Cost: 0.5.23 a baseline and a gated server started together, about 2-3 min;
+0.5.9 one refused launch, seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import sglang_env
+from support.gated_server import generate_many, with_pythonpath
+from support.server import free_port, serve, serve_together
+from support.spec_server import spec_server_args, spec_server_env
+from support.timings import note
+
+REQUESTS = [
+    ("Speculative decoding drafts tokens and", 48),
+    ("The quick brown fox", 44),
+    ("One two three four five", 48),
+]
+#: depths 1-3 (configured 3), PLAIN stretches 1, 2, 4; 1->3, 3->2, 2->1 and
+#: every depth after PLAIN; enough depth-1 and depth-3 steps that the trained
+#: draft (accept length 1.6 on average) accepts 2+ drafts at depth 3 and would
+#: at depth 1, were it run deeper
+PATTERN = "s3@1,s3@3,p1,s1@2,p2,s3@1,s3@3,s1@2,p4,s2@2,s1@1"
+ASKED = {0, 1, 2, 3}
+
+
+def outcomes(log_dir) -> list[dict]:
+    records = []
+    for path in sorted(log_dir.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("kind") == "outcome":
+                records.append(record)
+    return records
+
+
+@pytest.mark.skipif(
+    sglang_env.version() != "0.5.23", reason="0.5.23 has per-depth runtime states"
+)
+def test_a_schedule_over_every_depth_and_plain_answers_like_no_speculation(
+    spec_models, test_plugins, tmp_path
+):
+    target, draft = spec_models
+    log_dir = tmp_path / "decisions"
+    gate_args = [
+        *("--gate-policy", "schedule", "--gate-set", f"pattern={PATTERN}"),
+        *("--gate-depths", "1,2,3", "--gate-decision-log", str(log_dir)),
+    ]
+    managers = [
+        serve(target, tmp_path / "baseline.log"),
+        serve(
+            target,
+            tmp_path / "gated.log",
+            draft_dir=draft,
+            launcher="gate",
+            gate_args=gate_args,
+            pythonpath=[test_plugins],
+            ready_timeout_s=500,
+        ),
+    ]
+    with serve_together(managers) as (baseline, gated):
+        expected = [r["output_ids"] for r in generate_many(baseline.base_url, REQUESTS)]
+        got = [r["output_ids"] for r in generate_many(gated.base_url, REQUESTS)]
+        log = gated.log_path.read_text(errors="replace")
+    assert got == expected
+    # SGLang built a runtime state for each depth the gate asked for, and its
+    # per-switch INFO line is filtered out while the gate drives
+    for depth in (1, 2):
+        assert f"Built adaptive runtime state steps={depth}:" in log, depth
+    assert "Built adaptive runtime state steps=0:" not in log  # never depth 0
+    assert "Switch adaptive runtime state" not in log
+    steps = outcomes(log_dir)
+    ran = {r["depth"] for r in steps}
+    assert ran == ASKED, ran
+    by_depth: dict[int, list[int]] = {}
+    for r in steps:
+        by_depth.setdefault(r["depth"], []).extend(r["accept_lens"])
+    for depth, lens in by_depth.items():
+        # a step at depth d verifies d + 1 tokens per request
+        assert max(lens) <= depth + 1, (depth, sorted(set(lens)))
+    assert max(by_depth[3]) >= 3, by_depth[3]  # depth 3 really drafted deeper
+    note(
+        "SGLang 0.5.23: depths 1-3 and PLAIN by schedule: outputs identical, "
+        + ", ".join(
+            f"depth {d}: {len(lens)} request-steps, mean accept "
+            f"{sum(lens) / len(lens):.2f}"
+            for d, lens in sorted(by_depth.items())
+        )
+    )
+
+
+@pytest.mark.skipif(
+    sglang_env.version() != "0.5.9", reason="0.5.9 refuses depths at launch"
+)
+def test_depths_are_refused_on_0_5_9_before_a_model_loads(
+    spec_models, test_plugins, tmp_path
+):
+    target, draft = spec_models
+    cmd = spec_server_args(
+        target, draft, free_port(), launcher="gate", gate_args=["--gate-depths", "auto"]
+    )
+    env = {
+        **os.environ,
+        **with_pythonpath(spec_server_env(launcher="gate"), test_plugins),
+    }
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "--gate-depths auto: SGLang 0.5.9 has no per-depth runtime states" in (
+        proc.stderr
+    )
+    assert "supported on SGLang 0.5.23" in proc.stderr
+    assert "Load weight" not in proc.stderr + proc.stdout
