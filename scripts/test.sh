@@ -87,7 +87,8 @@ run_suite() {
 # The DP-replica and PD-decode modules (about 3 min per version) join the
 # speculative-server session: CI (stop 37) had that one 6-7 min shorter.
 SPEC_MODULES=(tests/servers/test_spec_e2e.py tests/servers/test_mtp_e2e.py
-  tests/servers/test_dp_replicas.py tests/servers/test_pd_decode.py)
+  tests/servers/test_dp_replicas.py tests/servers/test_pd_decode.py
+  tests/servers/test_depths_e2e.py)
 shard=0
 if [ "$fast" = 0 ] && [ "$#" = 0 ] && [ "${EAGLE_GATE_SHARDS:-1}" != 0 ]; then
   shard=1
