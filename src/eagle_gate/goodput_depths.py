@@ -40,7 +40,9 @@ from __future__ import annotations
 from eagle_gate.goodput import Goodput
 from eagle_gate.goodput_accept import PREDICTED_REQUESTS
 from eagle_gate.goodput_estimates import Level, StepTime
-from eagle_gate.policy import Mode, StepOutcome, StepView
+from eagle_gate.goodput_settings import GOODPUT_SETTINGS
+from eagle_gate.hookspecs import hookimpl
+from eagle_gate.policy import Mode, PolicyFactory, StepOutcome, StepView
 
 __all__ = ["GoodputDepths"]
 
@@ -290,6 +292,31 @@ class GoodputDepths(Goodput):
 
     # -- learning -------------------------------------------------------------
 
+    def depth_rates(self) -> dict[int, float]:
+        """Expected output tokens/s per timed depth at the home depth's mean
+        batch, as :meth:`_choose` compares them (empty before any is known)."""
+        exp = self._fitted() if self._depth else []
+        home = self._d_times.get(self._depth)
+        if not exp or home is None or home.w == 0.0:
+            return {}
+        b = max(1, round(home.mb))
+        return {
+            d: exp[d] / fit.predict(b)
+            for d, fit in self._d_times.items()
+            if fit.w > 0.0 and fit.predict(b) > 0.0
+        }
+
+    def estimates(self) -> dict[str, float]:
+        """``goodput``'s, and with several depths the home depth and each
+        timed depth's expected tokens/s (read by the ops thread, off the hot
+        path)."""
+        out = Goodput.estimates(self)
+        if self._depth:
+            out["home_depth"] = float(self._depth)
+            for d, rate in self.depth_rates().items():
+                out[f"depth_{d}_tokens_per_s"] = float(rate)
+        return out
+
     def observe(self, outcome: StepOutcome) -> None:
         if not self._depth or outcome.batch_size <= 0:
             Goodput.observe(self, outcome)
@@ -343,3 +370,18 @@ class GoodputDepths(Goodput):
             n[j] = n[j] * f + got
             m[j] = m[j] * f + reached
             reached = got
+
+
+@hookimpl
+def eagle_gate_policies() -> list[PolicyFactory]:
+    return [
+        PolicyFactory(
+            name="goodput-depths",
+            create=GoodputDepths,
+            description=(
+                "goodput over PLAIN and every SPEC depth the server can run "
+                "(--gate-depths, SGLang 0.5.23); goodput itself elsewhere"
+            ),
+            settings=GOODPUT_SETTINGS,
+        )
+    ]

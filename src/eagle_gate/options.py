@@ -293,7 +293,8 @@ OPTIONS: tuple[Option, ...] = (
         "--gate-policy",
         "EAGLE_GATE_POLICY",
         "policy deciding SPEC or PLAIN per decode batch (env {env}; default: "
-        "goodput). Built-ins: always, never, threshold, goodput; plugins add more",
+        "goodput). Built-ins: always, never, threshold, goodput, goodput-depths "
+        "(with --gate-depths); plugins add more",
         default=DEFAULT_POLICY,
         metavar="NAME",
         file_check="must be a string",

@@ -25,7 +25,7 @@ import subprocess
 
 import pytest
 import sglang_env
-from support.gated_server import generate_many, with_pythonpath
+from support.gated_server import generate_many, scheduler_status, with_pythonpath
 from support.server import free_port, serve, serve_together
 from support.spec_server import spec_server_args, spec_server_env
 from support.timings import note
@@ -105,6 +105,62 @@ def test_a_schedule_over_every_depth_and_plain_answers_like_no_speculation(
             f"{sum(lens) / len(lens):.2f}"
             for d, lens in sorted(by_depth.items())
         )
+    )
+
+
+@pytest.mark.skipif(
+    sglang_env.version() != "0.5.23", reason="0.5.23 has per-depth runtime states"
+)
+def test_goodput_depths_settles_on_the_depth_it_rates_highest(
+    spec_models, test_plugins, tmp_path
+):
+    """``goodput-depths`` on a live server: it times other depths (probes),
+    never errs, and ends where its own estimates rate highest: at SPEC, the
+    home depth (within the margin a move must clear); at PLAIN, above every
+    depth."""
+    target, draft = spec_models
+    log_dir = tmp_path / "decisions"
+    gate_args = [
+        *("--gate-policy", "goodput-depths", "--gate-depths", "1,2,3"),
+        *("--gate-decision-log", str(log_dir)),
+    ]
+    with serve(
+        target,
+        tmp_path / "gated.log",
+        draft_dir=draft,
+        launcher="gate",
+        gate_args=gate_args,
+        env={"EAGLE_GATE_OPS_INTERVAL_S": "0.2"},
+        pythonpath=[test_plugins],
+        ready_timeout_s=500,
+    ) as srv:
+        generate_many(srv.base_url, [(p, 64) for p, _ in REQUESTS * 2])
+        record = scheduler_status(srv.base_url)
+    estimates = record["estimates"]
+    assert record["policy_errors"] == 0 and record["invalid_outcomes"] == 0, record
+    rates = {
+        int(k.split("_")[1]): v
+        for k, v in estimates.items()
+        if k.startswith("depth_") and k.endswith("_tokens_per_s")
+    }
+    spec_depths = {r["depth"] for r in outcomes(log_dir) if r["mode"] == "spec"}
+    assert len(spec_depths) >= 2, spec_depths  # it tried other depths
+    home = int(estimates["home_depth"])
+    assert home in rates and len(rates) >= 2, estimates
+    if estimates["spec_home"]:
+        # SPEC at the home depth: no other depth beats it by the 5% a move
+        # needs (goodput_depths._DEPTH_MARGIN)
+        assert rates[home] * 1.05 >= max(rates.values()), (home, rates)
+    else:
+        # PLAIN: a request's tokens/s beat every depth's (the plain line is
+        # read at its own mean batch, hence the slack)
+        plain = 1.0 / estimates["plain_step_s_at_mean_batch"]
+        assert plain * 1.2 >= max(rates.values()), (plain, rates)
+    note(
+        f"SGLang 0.5.23: goodput-depths live: home depth {home}, SPEC ran at "
+        f"{sorted(spec_depths)}, tokens/s by depth "
+        + ", ".join(f"{d}: {r:.1f}" for d, r in sorted(rates.items()))
+        + f", SPEC home {bool(estimates['spec_home'])}"
     )
 
 

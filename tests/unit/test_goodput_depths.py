@@ -116,3 +116,45 @@ def test_an_outcome_at_another_depth_feeds_that_depth_only():
     assert pol._times[0].w == spec_w  # goodput's SPEC line: the home depth's
     assert pol._d_times[1].w == 1.0
     assert pol._d_acc[1].slow == pytest.approx(1.5)
+
+
+def test_goodput_depths_is_a_built_in_that_reports_its_depths():
+    """Installed like ``goodput`` (an entry point), and its estimates name the
+    home depth and each timed depth's tokens/s, which the home depth leads
+    by the margin a move needs (what a live server's status shows)."""
+    import random
+
+    from eagle_gate.plugins import get_policy_factory
+    from eagle_gate.policy import StepOutcome, StepView
+
+    policy = get_policy_factory("goodput-depths").create()
+    rng = random.Random(1)
+    view = StepView(batch_size=4, step=0, num_draft_tokens=4, depths=(1, 2, 3))
+    for step in range(1500):
+        view.update(batch_size=4, step=step, seq_len_sum=None)
+        mode = policy.decide(view)
+        depth = view.depth if mode is Mode.SPEC else 0
+        lens = []
+        for _ in range(4):
+            n = 0
+            while n < depth and rng.random() < 0.7:
+                n += 1
+            lens.append(1 + n)
+        at_least = tuple(sum(x - 1 >= j for x in lens) for j in range(1, depth + 1))
+        policy.observe(
+            StepOutcome(
+                mode=mode,
+                batch_size=4,
+                tokens=sum(lens),
+                accept_lens=lens,
+                interval_s=0.01 * (1 + 0.3 * depth),
+                step=step,
+                depth=depth,
+                accepted_at_least=at_least or None,
+            )
+        )
+    est = policy.estimates()
+    rates = {d: est[f"depth_{d}_tokens_per_s"] for d in (1, 2, 3)}
+    home = int(est["home_depth"])
+    assert est["spec_home"] == 1.0
+    assert rates[home] * 1.05 >= max(rates.values()), (home, rates)
