@@ -146,8 +146,8 @@ def test_unknown_policy_lists_the_available_ones(tmp_path):
     out, _ = run_launch(GATE_LAUNCH + ["--model-path", "x", "--gate-policy", "turbo"])
     assert out.returncode == 2
     assert (
-        "unknown policy 'turbo'; available: always, goodput, never, threshold"
-        in out.stderr
+        "unknown policy 'turbo'; available: always, goodput, goodput-depths, never, "
+        "threshold" in out.stderr
     )
 
 
