@@ -75,7 +75,8 @@ the plain step.
 
 On CPU, CI runs this script for real against SGLang's speculative path on a
 tiny model (``tests/servers/test_validate_script.py``): ``--prompts 2
---strategies eager --concurrency 1 --no-eager-plain --no-graph-fallback`` with
+--strategies eager --concurrency 1 --no-eager-plain --no-graph-fallback
+--no-depth-memory`` and ``--depths 2`` on 0.5.9 (``""`` on 0.5.23) with
 ``-- --device cpu --attention-backend triton ...`` and the CI-only CPU
 stand-ins of ``ci/cpu_spec`` in the environment. That checks the script and
 shows what it reports (every plain step eager, reason ``device_not_cuda``);

@@ -27,6 +27,9 @@ from support.spec_server import spec_server_env
 from support.timings import note
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "validate_gpu.py"
+#: section 5's depth server runs in one version's session: its code is the
+#: same for both, and 0.5.23's session is the longest of a CI run
+DEPTHS = "2" if sglang_env.version() == "0.5.9" else ""
 
 
 def cpu_flags(model_dir) -> list[str]:
@@ -50,7 +53,7 @@ def test_validate_script_reports_identity_acceptance_and_cost(
         "--algorithm", "EAGLE3", "--num-steps", "3",
         "--prompts", "2", "--max-new-tokens", "12", "--switch-every", "3",
         "--strategies", "eager", "--concurrency", "1", "--no-eager-plain",
-        "--no-graph-fallback", "--depths", "2", "--no-depth-memory",
+        "--no-graph-fallback", "--depths", DEPTHS, "--no-depth-memory",
         "--startup-timeout", "400", "--out", str(out_dir),
         "--", *cpu_flags(target),
     ]  # fmt: skip
@@ -87,6 +90,9 @@ def test_validate_script_reports_identity_acceptance_and_cost(
     assert row[4] == "n/a" or int(row[4].split("/")[0]) == 0
     assert "RESULT: outputs identical with plain graphs (alternate, never)" in report
     assert "== 4d." not in report and "fallback" not in report  # skipped
+    if not DEPTHS:
+        assert "== 5." not in report  # skipped
+        return
     # 5: per-depth step cost, depth 0 (the never server) and depth 2
     table = report.split("== 5.")[1].split("RESULT:")[0].splitlines()
     rows = [r.split() for r in table if r.split()[:1] and r.split()[0].isdigit()]
