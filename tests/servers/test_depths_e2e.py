@@ -117,9 +117,8 @@ def test_goodput_depths_settles_on_the_depth_it_rates_highest(
     spec_models, test_plugins, tmp_path
 ):
     """``goodput-depths`` on a live server: it times other depths (probes),
-    never errs, and ends where its own estimates rate highest: at SPEC, the
-    home depth (within the margin a move must clear); at PLAIN, above every
-    depth."""
+    never errs, and where it ends at SPEC, it runs the depth its own
+    estimates rate highest (within the margin a move must clear)."""
     target, draft = spec_models
     log_dir = tmp_path / "decisions"
     gate_args = [
@@ -151,13 +150,10 @@ def test_goodput_depths_settles_on_the_depth_it_rates_highest(
     assert home in rates and len(rates) >= 2, estimates
     if estimates["spec_home"]:
         # SPEC at the home depth: no other depth beats it by the 5% a move
-        # needs (goodput_depths._DEPTH_MARGIN)
+        # needs (goodput_depths._DEPTH_MARGIN). At PLAIN the layer moves the
+        # home depth only where that turns goodput's decision (by design), and
+        # goodput's PLAIN/SPEC choice is judged by the goodput tests
         assert rates[home] * 1.05 >= max(rates.values()), (home, rates)
-    else:
-        # PLAIN: a request's tokens/s beat every depth's (the plain line is
-        # read at its own mean batch, hence the slack)
-        plain = 1.0 / estimates["plain_step_s_at_mean_batch"]
-        assert plain * 1.2 >= max(rates.values()), (plain, rates)
     note(
         f"SGLang 0.5.23: goodput-depths live: home depth {home}, SPEC ran at "
         f"{sorted(spec_depths)}, tokens/s by depth "
