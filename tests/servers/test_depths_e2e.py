@@ -152,8 +152,10 @@ def test_goodput_depths_settles_on_the_depth_it_rates_highest(
         # SPEC at the home depth: no other depth beats it by the 5% a move
         # needs (goodput_depths._DEPTH_MARGIN). At PLAIN the layer moves the
         # home depth only where that turns goodput's decision (by design), and
-        # goodput's PLAIN/SPEC choice is judged by the goodput tests
-        assert rates[home] * 1.05 >= max(rates.values()), (home, rates)
+        # goodput's PLAIN/SPEC choice is judged by the goodput tests. The
+        # depth was last looked at up to 4 steps before the status was read:
+        # 10% slack, not the bare 5%
+        assert rates[home] * 1.10 >= max(rates.values()), (home, rates)
     note(
         f"SGLang 0.5.23: goodput-depths live: home depth {home}, SPEC ran at "
         f"{sorted(spec_depths)}, tokens/s by depth "
