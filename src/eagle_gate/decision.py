@@ -60,13 +60,13 @@ class Decision:
         #: the depth is the server's configured one on a binary server.
         self.depth = depth
 
-    def ran_spec(self, decided: int, override: str | None, depth: int = 0) -> Decision:
-        """This step runs SPEC (at ``depth``, 0: the configured depth) for a
-        reason other than the policy's choice."""
+    def ran_spec(self, decided: int, override: str | None) -> Decision:
+        """This step runs SPEC, at the configured depth, for a reason other
+        than the policy's choice."""
         self.decided = decided
         self.mode = Mode.SPEC
         self.override = override
-        self.depth = depth
+        self.depth = 0
         return self
 
     def __repr__(self) -> str:

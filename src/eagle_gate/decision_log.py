@@ -161,8 +161,10 @@ class DecisionLog:
             self.dropped_outcomes += 1
             return
         self._n_outcomes += 1
-        record = ("o", now, step, mode, accept_lens, tokens, interval_s)
-        self._pending.append((*record, draft_matches, depth))
+        self._pending.append(
+            ("o", now, step, mode, accept_lens, tokens, interval_s,
+             draft_matches, depth)
+        )  # fmt: skip
 
     def plain_failure(self, step: int, error: str) -> None:
         self._pending.append(("f", self._clock(), step, error))

@@ -131,9 +131,9 @@ class StepView:
         #: the SPEC depths this server can run, ascending, each >= 1 (PLAIN,
         #: depth 0, is ``Mode.PLAIN``); ``(configured_depth,)`` where the
         #: depth cannot change.
-        self.depths: tuple[int, ...] = (
-            (configured,) if depths is None else _check_depths(depths, configured)
-        )
+        self.depths: tuple[int, ...] = (configured,)
+        if depths is not None:
+            self.set_depths(depths)
         #: the depth of this step if ``decide`` returns ``Mode.SPEC``: reset to
         #: ``configured_depth`` before every ``decide``; a policy choosing a
         #: depth writes one of ``depths`` here (see the module doc).
@@ -187,6 +187,12 @@ class StepView:
         """True when ``seq_len_sum`` / ``seq_len_max`` are SGLang's exact CPU
         lengths of this step; False when they are estimates or unknown."""
         return self._exact
+
+    def set_depths(self, depths: Sequence[int]) -> None:
+        """Let ``depths`` be this server's SPEC depths (the runtime, once the
+        adapter knows them): ascending, unique, each >= 1, holding the
+        configured depth; ValueError otherwise."""
+        self.depths = _check_depths(depths, self.configured_depth)
 
     def update(
         self,

@@ -51,7 +51,7 @@ from eagle_gate.decision import Decision, PlainStepLike, checked_outcome
 from eagle_gate.facts import ProcessFacts, plain_graphs_off
 from eagle_gate.guards import Guards
 from eagle_gate.ops import OpsSettings
-from eagle_gate.policy import Mode, Policy, StepOutcome, StepView, _check_depths
+from eagle_gate.policy import Mode, Policy, StepOutcome, StepView
 from eagle_gate.shadow import SHADOW_NOTE, ShadowLedger, predicted_plain_rate
 from eagle_gate.status_record import policy_estimates, status_record
 
@@ -270,7 +270,7 @@ class GateRuntime:
         """Let the policy choose SPEC ``depths`` (each >= 1, the configured one
         among them); ``control`` is the adapter's object whose ``depth`` the
         worker wrapper sets before a SPEC step runs (``adapters/hooks.py``)."""
-        self.view.depths = _check_depths(depths, self.view.configured_depth)
+        self.view.set_depths(depths)
         self.depth_control = control
 
     def record(self, decision: Decision) -> None:
