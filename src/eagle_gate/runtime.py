@@ -13,8 +13,10 @@ The runtime owns the flow only: counts live in
 :class:`~eagle_gate.counters.GateCounters`, failures are handled by
 :class:`~eagle_gate.guards.Guards` (repeated plain-step failures *degrade* the
 gate to SGLang's stock step for the rest of the run), the process's facts in
-:class:`~eagle_gate.facts.ProcessFacts`, and :mod:`eagle_gate.status_record`
-builds the status. Plain Python (no SGLang, no torch).
+:class:`~eagle_gate.facts.ProcessFacts`, :mod:`eagle_gate.outcomes` builds
+the outcome a policy is handed, :mod:`eagle_gate.reconfigure` switches the
+configuration (runtime control) and :mod:`eagle_gate.status_record` builds
+the status. Plain Python (no SGLang, no torch).
 
 A PLAIN decision runs PLAIN only when the plain step can serve the batch (its
 ``blocker(batch)`` is asked inside the decision), so a blocked or unavailable
@@ -32,9 +34,7 @@ control, at the same step on every rank).
 
 from __future__ import annotations
 
-import logging
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,11 +51,11 @@ from eagle_gate.decision import Decision, PlainStepLike, checked_outcome
 from eagle_gate.facts import ProcessFacts, plain_graphs_off
 from eagle_gate.guards import Guards
 from eagle_gate.ops import OpsSettings
-from eagle_gate.policy import Mode, Policy, StepOutcome, StepView
-from eagle_gate.shadow import SHADOW_NOTE, ShadowLedger, predicted_plain_rate
+from eagle_gate.outcomes import step_outcome
+from eagle_gate.policy import Mode, Policy, StepView
+from eagle_gate.reconfigure import apply_config
+from eagle_gate.shadow import ShadowLedger, predicted_plain_rate
 from eagle_gate.status_record import policy_estimates, status_record
-
-logger = logging.getLogger("eagle_gate")
 
 __all__ = [
     "GateRuntime",
@@ -398,30 +398,16 @@ class GateRuntime:
         """Hand the policy one outcome (with agreed timings under TP)."""
         if self.degraded is not None:
             return
-        at_least = None
-        if depth and self.depth_control is not None:
-            # per position j = 1..depth, the requests that accepted >= j drafts
-            # (accept length >= j + 1); after SGLang cut finished requests'
-            # outputs, so a finishing request may count short
-            lens = sorted(accept_lens)
-            b = len(lens)
-            at_least = tuple(b - bisect_left(lens, j + 1) for j in range(1, depth + 1))
-        outcome = StepOutcome(
-            mode=mode,
-            batch_size=len(accept_lens),
-            tokens=sum(accept_lens) if tokens is None else tokens,
-            accept_lens=accept_lens,
-            interval_s=interval,
-            step=step,
-            draft_matches=draft_matches,
-            accepted_at_least=at_least,
-            depth=(
-                depth
-                if depth is not None
-                else 0
-                if mode is Mode.PLAIN
-                else self.view.configured_depth
-            ),
+        outcome = step_outcome(
+            mode,
+            step,
+            accept_lens,
+            interval,
+            tokens,
+            draft_matches,
+            depth,
+            per_position=self.depth_control is not None,
+            configured_depth=self.view.configured_depth,
         )
         try:
             self.policy.observe(outcome)
@@ -439,54 +425,10 @@ class GateRuntime:
             self.guards.tick_failed(step)
 
     def apply_config(self, config: GateConfig, version: int) -> bool:
-        """Switch to ``config`` (a new policy object) as configuration ``version``.
-
-        Returns False (and keeps the current policy) if the policy cannot be
-        created; ``last_control_error`` says why. Policy creation is
-        deterministic, so every rank reaches the same result. A change of
-        shadow mode alone keeps the policy object and what it has learned:
-        switching a watched policy live is the point of shadow mode.
-        """
-        current = self.config
-        try:
-            if (
-                config.shadow != current.shadow
-                and config.policy == current.policy
-                and config.settings == current.settings
-            ):
-                policy = self.policy
-            else:
-                policy = config.create_policy()
-        except Exception as exc:
-            self.last_control_error = (
-                f"version {version}: cannot create policy {config.policy!r}: {exc}"
-            )
-            self.config_version = max(self.config_version, version)
-            logger.error("eagle_gate: %s; the current policy stays", exc)
-            return False
-        old = self.config.policy
-        self.policy = policy
-        self._predict = predicted_plain_rate(policy)
-        self.shadow = bool(config.shadow)
-        self._shadow_seen = self._shadow_seen or self.shadow
-        self.config = config
-        self.config_version = version
-        self.last_control_error = None
-        log = self.decision_log
-        if log is not None:
-            log.config(
-                self.step, version, config.policy, config.settings, config.shadow
-            )
-        logger.info(
-            "eagle_gate: configuration %d from step %d: policy %r %s (was %r)%s",
-            version,
-            self.step,
-            config.policy,
-            config.settings,
-            old,
-            SHADOW_NOTE if self.shadow else "",
-        )
-        return True
+        """Switch to ``config`` as configuration ``version``; False (the
+        current policy stays) when its policy cannot be created
+        (:func:`eagle_gate.reconfigure.apply_config`)."""
+        return apply_config(self, config, version)
 
     # -- reporting -----------------------------------------------------------
     def last_decisions(self) -> list[dict[str, Any]]:
