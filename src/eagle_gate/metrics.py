@@ -39,7 +39,7 @@ from eagle_gate.ops import STAGES as OPS_STAGES
 from eagle_gate.runtime import GateRuntime
 from eagle_gate.status_record import status_record
 
-__all__ = ["METRICS", "GateMetrics", "metrics_wanted", "DWELL_BUCKETS"]
+__all__ = ["METRICS", "DEPTH_METRICS", "GateMetrics", "metrics_wanted", "DWELL_BUCKETS"]
 
 PREFIX = "eagle_gate_"
 ENV_METRICS = "EAGLE_GATE_METRICS"
@@ -198,6 +198,33 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "directory at most once per round (about a second); 0 until its first "
         "check and while the directory cannot be read",
     ),
+    "eagle_gate_depth_steps_total": (
+        "counter",
+        ("depth",),
+        "Decode steps that ran, by SPEC depth (0: PLAIN); with --gate-depths only",
+    ),
+    "eagle_gate_depth_tokens_total": (
+        "counter",
+        ("depth",),
+        "Tokens decode steps emitted (accept lengths summed), by SPEC depth",
+    ),
+    "eagle_gate_depth_request_steps_total": (
+        "counter",
+        ("depth",),
+        "Requests served by decode steps, by SPEC depth; tokens / request_steps "
+        "of a depth is its mean accept length",
+    ),
+    "eagle_gate_depth_build_memory_mib": (
+        "gauge",
+        ("depth",),
+        "MiB of device memory SGLang's build of that depth's runtime state took "
+        "at start (the depths --gate-depths added; CUDA only)",
+    ),
+    "eagle_gate_depth_build_seconds": (
+        "gauge",
+        ("depth",),
+        "Seconds SGLang's build of that depth's runtime state took at start",
+    ),
     "eagle_gate_ops_errors_total": (
         "counter",
         ("stage",),
@@ -209,6 +236,19 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
 
 #: the kinds of records the decision log's rate limit drops.
 DROPPED_KINDS = ("decisions", "outcomes")
+#: the metrics only a server whose policy chooses depths exports (a binary
+#: server has no series of them; the example dashboard, whose every query a
+#: binary server's scrape must match, leaves them out).
+DEPTH_METRICS = tuple(name for name in METRICS if name.startswith("eagle_gate_depth_"))
+#: the depth series by the ``depths.per_depth`` status key they follow
+#: (``_total``: counters; the build gauges only where measured).
+DEPTH_SERIES = (
+    ("steps", "eagle_gate_depth_steps_total"),
+    ("tokens", "eagle_gate_depth_tokens_total"),
+    ("request_steps", "eagle_gate_depth_request_steps_total"),
+    ("mib_total", "eagle_gate_depth_build_memory_mib"),
+    ("capture_s", "eagle_gate_depth_build_seconds"),
+)
 
 
 def metrics_wanted(environ: Mapping[str, str] | None = None) -> bool:
@@ -319,6 +359,9 @@ class GateMetrics:
             if self.exports_agreement
             else None
         )
+        #: per-depth children by (metric, depth), made at the first export
+        #: with a value (a binary server never makes one: no depth series).
+        self.depth_children: dict[tuple[str, str], Any] = {}
         self._info_labels: tuple[str, ...] | None = None
         self._estimate_names: set[str] = set()
         self._last: dict[str, int] = {}
@@ -404,6 +447,9 @@ class GateMetrics:
             except IndexError:
                 break
             self.dwell[mode].observe(length)
+        depths = s.get("depths")
+        if depths is not None:
+            self._export_depths(depths["per_depth"])
         labels = (s["adapter"], s["sglang_version"], s["policy"], self.gated)
         if labels != self._info_labels:
             info = self.m["eagle_gate_info"]
@@ -416,6 +462,23 @@ class GateMetrics:
         for name, value in estimates.items():
             gauge.labels(name, self.dp).set(value)
         self._estimate_names.update(estimates)
+
+    def _export_depths(self, per_depth: Mapping[str, Mapping[str, Any]]) -> None:
+        """The ``depth``-labelled series from the status's ``depths.per_depth``
+        (a build gauge only where measured: no 0 standing for "unknown")."""
+        for depth, entry in per_depth.items():
+            for key, name in DEPTH_SERIES:
+                value = entry.get(key)
+                child = self.depth_children.get((name, depth))
+                if child is None and value is not None:
+                    child = self.m[name].labels(depth, self.dp)
+                    self.depth_children[(name, depth)] = child
+                if child is None or value is None:
+                    continue
+                if name.endswith("_total"):
+                    self._add(f"{name}:{depth}", child, value)
+                else:
+                    child.set(value)
 
     def export_ops(self, stage_errors: Mapping[str, int]) -> None:
         """Bring ``eagle_gate_ops_errors_total`` up to the ops thread's counts."""

@@ -35,7 +35,7 @@ control, at the same step on every rank).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from eagle_gate.config import GateConfig
@@ -48,6 +48,7 @@ from eagle_gate.counters import (
     PolicyErrors,
 )
 from eagle_gate.decision import Decision, PlainStepLike, checked_outcome
+from eagle_gate.depth_stats import DepthStats
 from eagle_gate.facts import ProcessFacts, plain_graphs_off
 from eagle_gate.guards import Guards
 from eagle_gate.ops import OpsSettings
@@ -118,6 +119,8 @@ class GateRuntime:
         #: the adapter's depth control where the policy may choose SPEC depths
         #: (:meth:`enable_depths`); None: every SPEC step runs the configured one.
         self.depth_control: Any = None
+        #: per-depth counts and build costs, with ``depth_control`` only.
+        self.depth_stats: DepthStats | None = None
         self._clock = clock
         self._timer = timer
         self.view = StepView(
@@ -266,11 +269,23 @@ class GateRuntime:
             d.depth = depth
         return d
 
-    def enable_depths(self, depths: Sequence[int], control: Any) -> None:
+    def enable_depths(
+        self,
+        depths: Sequence[int],
+        control: Any,
+        builds: Mapping[int, Mapping[str, Any]] | None = None,
+        measure_errors: int = 0,
+    ) -> None:
         """Let the policy choose SPEC ``depths`` (each >= 1, the configured one
         among them); ``control`` is the adapter's object whose ``depth`` the
-        worker wrapper sets before a SPEC step runs (``adapters/hooks.py``)."""
+        worker wrapper sets before a SPEC step runs (``adapters/hooks.py``).
+        ``builds``: what building each depth's runtime state cost, as the
+        adapter measured it (status ``depths.per_depth``); the per-depth
+        counts are allocated here, once, so counting them allocates nothing."""
         self.view.set_depths(depths)
+        self.depth_stats = DepthStats(
+            depths, self.view.configured_depth, builds, measure_errors
+        )
         self.depth_control = control
 
     def record(self, decision: Decision) -> None:
@@ -374,6 +389,9 @@ class GateRuntime:
         draft_matches = self.counters.count_outcome(
             mode, accept_lens, tokens, draft_matches
         )
+        stats = self.depth_stats
+        if stats is not None:
+            stats.count(mode, depth, len(accept_lens), tokens)
         log = self.decision_log
         if log is not None:
             log.outcome(step, mode, accept_lens, tokens, interval, draft_matches, depth)

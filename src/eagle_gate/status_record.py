@@ -46,6 +46,7 @@ class RuntimeState(Protocol):
     plain_step: Any
     tick_every: int
     decision_log: Any
+    depth_stats: Any  # DepthStats where the policy chooses depths, else None
 
 
 class OpsState(Protocol):
@@ -125,6 +126,9 @@ def status_record(rt: RuntimeState, ops: OpsState | None = None) -> dict[str, An
         "launch_id": facts.launch_id,
         "fixes": list(facts.fixes),
     }
+    depth_stats = getattr(rt, "depth_stats", None)
+    if depth_stats is not None:  # binary servers: no key, as before depths
+        record["depths"] = depth_stats.as_status()
     if ops is None:
         return record
     log = rt.decision_log
