@@ -213,7 +213,9 @@ SCHEDULER_ENTRY_TARGET = PatchTarget(
 
 
 def version_patches(
-    version: Any, *checked: PatchTarget
+    version: Any,
+    *checked: PatchTarget,
+    patches: tuple[tuple[PatchTarget, Callable], ...] = (),
 ) -> tuple[Instrumentor, tuple[PatchTarget, ...]]:
     """A version's instrumentor and every target it relies on.
 
@@ -224,6 +226,9 @@ def version_patches(
     the module's ``activate_in_scheduler``. The targets (for doctor and
     untested versions) are those three, the scheduler entry, the version's
     own ``checked`` ones and its plain graphs' (``version.graphs.TARGETS``).
+    ``patches``: the version's own further wrappers (0.5.23: measuring each
+    depth's runtime-state build, ``sglang_0_5_23.depths.PATCHES``), installed
+    and listed like the others.
     """
     instrumentor = Instrumentor(
         [
@@ -235,6 +240,7 @@ def version_patches(
             ),
             # DP attention: the vote in SGLang's MLP-sync gather
             *version.dp.PATCHES,
+            *patches,
         ]
     )
     targets = (

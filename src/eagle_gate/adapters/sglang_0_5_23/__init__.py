@@ -82,7 +82,10 @@ HAS_SGLANG_PLUGINS = True
 ADAPTER = sys.modules[__name__]
 #: the wrappers, and every target this adapter relies on (doctor; untested
 #: versions).
-INSTRUMENTOR, TARGETS = version_patches(ADAPTER, PLUGIN_LOADER_TARGET)
+#: 0.5.23 also wraps SGLang's per-depth state build (what each depth costs).
+INSTRUMENTOR, TARGETS = version_patches(
+    ADAPTER, PLUGIN_LOADER_TARGET, patches=depths.PATCHES
+)
 _instrument, _uninstrument = INSTRUMENTOR.instrument, INSTRUMENTOR.uninstrument
 
 

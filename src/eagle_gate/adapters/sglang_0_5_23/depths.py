@@ -24,6 +24,16 @@ The gate drives that machinery instead of SGLang's controller:
 
 A PLAIN step runs under whatever state is active (its eager draft sync takes
 its width from the active state: any depth >= 1 gives an exact draft).
+
+What each depth costs is measured where SGLang builds its state: a wrapper
+around ``EAGLEWorkerV2.build_adaptive_runtime_state`` (:data:`BUILD_TARGET`,
+installed with the adapter's other wrappers) records, per depth, the build's
+seconds, the device's free-memory drop (CUDA only), the verify and draft
+graphs' share of it (SGLang's own per-phase graph-memory dicts) and the batch
+sizes captured (:func:`measure_build`). It runs inside ``Scheduler.__init__``,
+before the gate's activation, so it keeps its record on the worker and
+:func:`install` hands it to the runtime (status ``depths.per_depth``).
+Design note §1.4.
 """
 
 from __future__ import annotations
@@ -32,12 +42,35 @@ import json
 import logging
 import os
 import tempfile
+import time
+from collections.abc import Callable
 from typing import Any
 
+from eagle_gate.adapters.patching import PatchTarget
 from eagle_gate.adapters.refusals import GateRefused
+from eagle_gate.depth_stats import BUILT_ADAPTIVE
 from eagle_gate.depths import depth_set
 
-__all__ = ["GateDepths", "launch_args", "install"]
+__all__ = [
+    "BUILD_TARGET",
+    "PATCHES",
+    "DepthBuilds",
+    "GateDepths",
+    "install",
+    "launch_args",
+    "measure_build",
+]
+
+#: SGLang builds one adaptive runtime state per candidate depth here.
+BUILD_TARGET = PatchTarget(
+    "sglang.srt.speculative.eagle_worker_v2",
+    "EAGLEWorkerV2.build_adaptive_runtime_state",
+    ("self", "speculative_num_steps", "speculative_num_draft_tokens", "cuda_graph_bs"),
+)
+#: the worker attribute that keeps its :class:`DepthBuilds` until install().
+BUILDS_ATTR = "_eagle_gate_depth_builds"
+#: SGLang's graph-memory dicts hold GiB (``get_available_gpu_memory``).
+_MIB_PER_GIB = 1024.0
 
 #: SGLang's worker module, whose logger announces every state switch.
 _WORKER_LOGGER = "sglang.srt.speculative.eagle_worker_v2"
@@ -67,6 +100,128 @@ class GateDepths:
 
     def cuda_graph_bs_for_step(self, step: int) -> None:
         return None
+
+
+class DepthBuilds:
+    """What building each depth's runtime state cost on one worker:
+    ``costs[depth]`` (status keys of ``depths.per_depth``, see
+    :mod:`eagle_gate.depth_stats`) and the measurements given up."""
+
+    def __init__(self) -> None:
+        self.costs: dict[int, dict[str, Any]] = {}
+        self.errors = 0
+
+
+#: measurements that failed before a worker's record could be found.
+UNRECORDED_ERRORS = 0
+
+
+def _builds_of(worker: Any) -> DepthBuilds:
+    builds = getattr(worker, BUILDS_ATTR, None)
+    if not isinstance(builds, DepthBuilds):
+        builds = DepthBuilds()
+        setattr(worker, BUILDS_ATTR, builds)
+    return builds
+
+
+def _free_bytes(worker: Any) -> int | None:
+    """The device's free memory (after emptying torch's cache, as SGLang's
+    own ``get_available_gpu_memory`` does next), None without CUDA (a CPU
+    server on a machine with a GPU included: ``worker.device``)."""
+    import torch
+
+    if not str(getattr(worker, "device", "cuda")).startswith("cuda"):
+        return None
+    if not torch.cuda.is_available():
+        return None
+    device = getattr(worker, "gpu_id", None)
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def _graph_gib(worker: Any) -> tuple[float, float]:
+    """SGLang's running totals of the target verify graphs' and the draft
+    worker's own graphs' memory (GiB; 0 before any capture, and on CPU)."""
+    verify = float(
+        getattr(worker, "_additional_graph_memory_usage", {}).get("target_verify", 0)
+    )
+    draft = getattr(
+        getattr(worker, "_draft_worker", None), "_specialized_graph_memory_usage", {}
+    )
+    return verify, float(sum(draft.values()))
+
+
+def _capture_bs(runner: Any) -> list[int] | None:
+    bs = getattr(runner, "capture_bs", None)
+    return None if bs is None else [int(b) for b in bs]
+
+
+def _build_wrapper(wrapped: Callable, instance: Any, args: tuple, kwargs: dict):
+    """Around ``build_adaptive_runtime_state``: SGLang's build always runs
+    and its state (or its exception) is what the caller gets; measuring is
+    best effort (a failure is counted, the cost left out)."""
+    global UNRECORDED_ERRORS
+    worker = instance if instance is not None else (args[0] if args else None)
+    try:
+        bound = args if instance is not None else args[1:]
+        depth = int(kwargs.get("speculative_num_steps", bound[0] if bound else 0))
+        before = (time.perf_counter(), _free_bytes(worker), _graph_gib(worker))
+    except Exception:
+        before = None
+    state = wrapped(*args, **kwargs)
+    try:
+        builds = _builds_of(worker)
+    except Exception:
+        UNRECORDED_ERRORS += 1
+        return state
+    try:
+        if before is None:
+            raise RuntimeError("nothing measured before the build")
+        builds.costs[depth] = measure_build(worker, state, *before)
+    except Exception:
+        builds.errors += 1
+    return state
+
+
+def measure_build(
+    worker: Any,
+    state: Any,
+    t0: float,
+    free_before: int | None,
+    graphs_before: tuple[float, float],
+) -> dict[str, Any]:
+    """One depth's build cost from what was read before it (``t0``,
+    ``free_before``, ``graphs_before``: :func:`_graph_gib`) and now: seconds,
+    MiB the device lost in all (None without CUDA), the verify and draft
+    graphs' MiB (SGLang's dicts' growth), the rest (backends, workspaces),
+    and the batch sizes the state's graphs captured (None: no graphs)."""
+    capture_s = time.perf_counter() - t0
+    free_after = _free_bytes(worker)
+    verify, draft = _graph_gib(worker)
+    mib_verify = (verify - graphs_before[0]) * _MIB_PER_GIB
+    mib_draft = (draft - graphs_before[1]) * _MIB_PER_GIB
+    total = (
+        None
+        if free_before is None or free_after is None
+        else (free_before - free_after) / (1 << 20)
+    )
+    return {
+        "built": BUILT_ADAPTIVE,
+        "capture_s": capture_s,
+        "mib_total": total,
+        "mib_verify_graphs": mib_verify,
+        "mib_draft_graphs": mib_draft,
+        "mib_other": None if total is None else total - mib_verify - mib_draft,
+        "verify_graph_bs": _capture_bs(getattr(state, "target_graph_runner", None)),
+        "draft_extend_graph_bs": _capture_bs(
+            getattr(state, "cuda_graph_runner_for_draft_extend", None)
+        ),
+    }
+
+
+#: the adapter's wrappers for depths (``hooks.version_patches`` installs them).
+PATCHES = ((BUILD_TARGET, _build_wrapper),)
 
 
 class _DropSwitchLines(logging.Filter):
@@ -146,5 +301,9 @@ def install(runtime: Any, scheduler: Any, setting: str) -> tuple[int, ...] | Non
     params = GateDepths(depths, configured)
     controller.params = params
     logging.getLogger(_WORKER_LOGGER).addFilter(_DropSwitchLines())
-    runtime.enable_depths(depths, params)
+    builds = getattr(worker, BUILDS_ATTR, None)
+    if isinstance(builds, DepthBuilds):
+        runtime.enable_depths(depths, params, builds.costs, builds.errors)
+    else:  # the wrapper saw no build (or could not keep its record)
+        runtime.enable_depths(depths, params, None, UNRECORDED_ERRORS)
     return depths
