@@ -488,3 +488,26 @@ def test_the_console_script(tmp_path):
     assert "  FAIL  speculative flags " in out.stdout
     assert "2 problems:" in out.stdout
     assert "    fix: correct or remove plain_above in EAGLE_GATE_SET" in out.stdout
+
+
+@pytest.mark.skipif(not PLUGIN_LOADER, reason="0.5.9 refuses --gate-depths")
+def test_gate_depths_show_the_depth_set_and_the_kv_reserve(capsys):
+    """--gate-depths on 0.5.23: the depths row names the set, the KV each
+    running request keeps for the deepest depth against the configured one,
+    and where the measured per-depth cost appears."""
+    chain = [*SPEC, *CHAIN, "--speculative-num-draft-tokens", "4"]
+    code, report = doctor(capsys, "--gate-depths", "1,5", "--", *chain)
+    assert code == 0, failed(report)
+    detail = by_name(report)["draft depths"]["detail"]
+    assert "SPEC depths 1,3,5 and PLAIN (configured 3)" in detail, detail
+    assert "2*(5+1) = 12 tokens" in detail and "2*(3+1) = 8" in detail
+    assert "depths.per_depth" in detail
+    _, report = doctor(capsys, "--", *chain)  # off: no such row
+    assert "draft depths" not in by_name(report)
+
+
+@pytest.mark.skipif(PLUGIN_LOADER, reason="0.5.23 runs depths")
+def test_gate_depths_on_0_5_9_fail_the_flags_row_and_show_no_depths(capsys):
+    chain = [*SPEC, *CHAIN, "--speculative-num-draft-tokens", "4"]
+    code, report = doctor(capsys, "--gate-depths", "1,2,3", "--", *chain)
+    assert code == 1 and "draft depths" not in by_name(report)

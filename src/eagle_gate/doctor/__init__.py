@@ -50,6 +50,7 @@ from eagle_gate.doctor.install import (
 )
 from eagle_gate.doctor.launch_checks import (
     check_settings,
+    check_speculative,
     check_speculative_flags,
     check_status_dir,
     resolve_speculative_setup,
@@ -68,6 +69,7 @@ __all__ = [
     "check_settings",
     "check_sglang",
     "check_sglang_plugin",
+    "check_speculative",
     "check_speculative_flags",
     "check_status_dir",
     "check_version_fixes",
@@ -106,9 +108,7 @@ def run_checks(
         depths = raw.get("depths") or "off"
     checks.append(check_status_dir(status_dir))
     if adapter is not None:
-        checks.append(
-            check_speculative_flags(adapter, sglang_argv, draft_sync, env, depths)
-        )
+        checks += check_speculative(adapter, sglang_argv, draft_sync, env, depths)
     return checks
 
 

@@ -22,13 +22,16 @@ from typing import Any
 from eagle_gate import adapters, config, options
 from eagle_gate.adapters.resolved import requested_flags
 from eagle_gate.config import ConfigError
+from eagle_gate.depths import DEPTHS_OFF, depth_set
 from eagle_gate.doctor.report import Check
 from eagle_gate.options import Origin
 from eagle_gate.statusdir import StatusDirError, check_private
 
 __all__ = [
     "check_settings",
+    "check_speculative",
     "check_speculative_flags",
+    "depths_row",
     "check_status_dir",
     "launch_environment",
     "resolve_speculative_setup",
@@ -171,10 +174,63 @@ def check_speculative_flags(
     adaptive after its own switch-off), shown in the row's detail.
     ``draft_sync``: the plain step's draft sync, None when it has none;
     ``depths``: the ``--gate-depths`` setting."""
+    return _speculative_flags(adapter, sglang_argv, draft_sync, env, depths)[0]
+
+
+def check_speculative(
+    adapter: ModuleType,
+    sglang_argv: Sequence[str] | None,
+    draft_sync: str | None,
+    env: Mapping[str, str],
+    depths: str = "off",
+) -> list[Check]:
+    """:func:`check_speculative_flags`' row and, with ``--gate-depths`` on a
+    setup the launcher accepts, the depths row (:func:`depths_row`): one
+    resolution of the command line serves both."""
+    row, spec = _speculative_flags(adapter, sglang_argv, draft_sync, env, depths)
+    extra = depths_row(spec, depths) if row.ok and spec is not None else None
+    return [row] if extra is None else [row, extra]
+
+
+def depths_row(spec: Any, setting: str) -> Check | None:
+    """What ``--gate-depths setting`` gives a resolved speculative setup
+    before anything is built: the depth set, the KV each running request
+    keeps in reserve (SGLang sizes it for the deepest depth, ``2*(max+1)``
+    tokens with a chain, against ``2*(k+1)`` for the configured depth alone:
+    paid whether or not a policy ever runs the deepest), and where the
+    measured per-depth cost appears. None where depths are off or nothing
+    speculates."""
+    if setting == DEPTHS_OFF or not getattr(spec, "speculating", False):
+        return None
+    k = max(1, int(spec.num_steps or 1))
+    depths = depth_set(setting, k)
+    name = "draft depths"
+    if depths is None:
+        detail = f"--gate-depths {setting}: only the configured depth {k}; binary"
+        return Check(name, True, detail)
+    deepest = depths[-1]
+    detail = (
+        f"SPEC depths {','.join(map(str, depths))} and PLAIN (configured {k}); "
+        f"KV reserve per running request 2*({deepest}+1) = {2 * (deepest + 1)} "
+        f"tokens (the configured depth alone: 2*({k}+1) = {2 * (k + 1)}); SGLang "
+        "builds one runtime state per depth at start: the MiB and seconds each "
+        "took are in the status, schedulers[].depths.per_depth (eagle-gate status)"
+    )
+    return Check(name, True, detail)
+
+
+def _speculative_flags(
+    adapter: ModuleType,
+    sglang_argv: Sequence[str] | None,
+    draft_sync: str | None,
+    env: Mapping[str, str],
+    depths: str,
+) -> tuple[Check, Any]:
+    """The flags row and SGLang's resolved setup (None when not resolved)."""
     name = "speculative flags"
     if sglang_argv is None:
         detail = "not checked: give the SGLang command line after --"
-        return Check(name, True, detail)
+        return Check(name, True, detail), None
     env = dict(env)
     note = ""
     # what the launcher sets before SGLang parses anything, set here too
@@ -191,7 +247,7 @@ def check_speculative_flags(
             "doctor needs the model's config to be readable, as the launcher does"
         )
         detail = f"SGLang's resolution failed: {type(exc).__name__}: {exc}"
-        return Check(name, False, detail, fix=fix)
+        return Check(name, False, detail, fix=fix), None
     try:
         _, state = adapter.check_spec(
             spec, environ=env, draft_sync=draft_sync, depths=depths
@@ -203,8 +259,8 @@ def check_speculative_flags(
             "before loading a model"
         )
         detail = f"refused: {exc} [resolved: {spec.describe()}]"
-        return Check(name, False, detail, fix=fix)
-    return Check(name, True, state + note)
+        return Check(name, False, detail, fix=fix), spec
+    return Check(name, True, state + note), spec
 
 
 def launch_environment(
