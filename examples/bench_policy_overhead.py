@@ -1,7 +1,7 @@
 """Median cost of one ``decide`` + ``observe`` pair for every built-in policy.
 
     python examples/bench_policy_overhead.py [--steps N] [--stream walk|steady]
-                                             [--count-bytecodes]
+                                             [--count-bytecodes] [--depths 1,3,5,7]
 
 Each policy sees a synthetic decode stream through the real contract: one
 reused StepView, frozen StepOutcome objects built before the timed loop,
@@ -9,6 +9,12 @@ outcomes delivered one step late like the server does. ``walk``: batch sizes
 jump between 1 and 256 every step (many buckets, most of them young; the worst
 case). ``steady``: batch sizes drift within 24-31 (one bucket, the usual
 case). Prints the median and 90th percentile in microseconds.
+
+``goodput-depths`` runs on a server offering ``--depths`` (default 1, 3, 5,
+7; the configured depth is 3): its SPEC outcomes say which depth ran and
+carry per-position counts (each position accepted by 70% of the requests
+that reached it), and a SPEC step costs more per depth. The other policies
+see the binary server.
 
 ``--count-bytecodes`` prints instead the Python bytecodes the policy's own
 code executes per step (its module's functions only; after a warm-up fifth of
@@ -25,6 +31,7 @@ import sys
 import time
 
 from eagle_gate.goodput import Goodput
+from eagle_gate.goodput_depths import GoodputDepths
 from eagle_gate.policies import AlwaysSpec, NeverSpec, Threshold
 from eagle_gate.policy import Mode, StepOutcome, StepView
 
@@ -33,29 +40,51 @@ POLICIES = {
     "never": NeverSpec,
     "threshold": Threshold,
     "goodput": Goodput,
+    "goodput-depths": GoodputDepths,
 }
+#: policies that choose a depth: they see a server offering ``--depths``.
+DEPTH_POLICIES = ("goodput-depths",)
+#: per-position acceptance of the synthetic stream's SPEC steps.
+_ALPHA = 0.7
 
 
-def stream(kind: str, steps: int) -> tuple[list[int], list[tuple]]:
-    """Batch sizes, and both modes' outcomes for every step."""
+def stream(kind: str, steps: int) -> list[int]:
+    """Batch sizes, one per step."""
     if kind == "walk":
-        sizes = [1 + (i * 7919 // 97) % 256 for i in range(steps)]
-    else:
-        sizes = [24 + (i // 7) % 8 for i in range(steps)]
-    outs = []
-    for i, b in enumerate(sizes):
-        spec = StepOutcome(Mode.SPEC, b, 2 * b, (2,) * 4, 0.01 + b * 1e-4, i)
-        # eager draft sync: PLAIN outcomes carry the draft's matches (all:
-        # SPEC accepts the first draft token of every request, too)
-        plain = StepOutcome(Mode.PLAIN, b, b, (1,) * 4, 0.008 + b * 5e-5, i, b)
-        outs.append((spec, plain))
-    return sizes, outs
+        return [1 + (i * 7919 // 97) % 256 for i in range(steps)]
+    return [24 + (i // 7) % 8 for i in range(steps)]
 
 
-def bench(make, steps: int, kind: str = "walk") -> tuple[float, float]:
+def outcome(mode: Mode, depth: int, b: int, step: int, depths: bool) -> StepOutcome:
+    """The outcome of step ``step`` (built outside the timed region)."""
+    if mode != Mode.SPEC:
+        # eager draft sync: PLAIN outcomes carry the draft's matches
+        return StepOutcome(Mode.PLAIN, b, b, (1,) * 4, 0.008 + b * 5e-5, step, b)
+    if not depths:
+        return StepOutcome(Mode.SPEC, b, 2 * b, (2,) * 4, 0.01 + b * 1e-4, step)
+    at_least = tuple(round(b * _ALPHA**j) for j in range(1, depth + 1))
+    dt = 0.008 + b * 5e-5 + 0.0015 * depth + b * (depth + 1) * 1e-5
+    tokens = b + sum(at_least)
+    return StepOutcome(
+        Mode.SPEC,
+        b,
+        tokens,
+        (2,) * 4,
+        dt,
+        step,
+        depth=depth,
+        accepted_at_least=at_least,
+    )
+
+
+def _view(depths: tuple[int, ...] | None) -> StepView:
+    return StepView(num_draft_tokens=4, depths=depths)
+
+
+def bench(make, steps: int, kind: str = "walk", depths=None) -> tuple[float, float]:
     policy = make()
-    view = StepView(num_draft_tokens=4)
-    sizes, outs = stream(kind, steps)
+    view = _view(depths)
+    sizes = stream(kind, steps)
     clock = time.perf_counter_ns
     samples = []
     pending = None
@@ -67,20 +96,26 @@ def bench(make, steps: int, kind: str = "walk") -> tuple[float, float]:
             policy.observe(pending)
         t1 = clock()
         samples.append(t1 - t0)
-        pending = outs[i][0 if mode == Mode.SPEC else 1]
+        pending = outcome(mode, view.depth, b, i, depths is not None)
     samples.sort()
     return statistics.median(samples) / 1e3, samples[int(0.9 * len(samples))] / 1e3
 
 
-def count_bytecodes(make, steps: int, kind: str = "walk") -> float:
-    """Bytecodes executed per step in the policy class's own modules (its
-    module and those beside it that share its name: ``goodput.py`` with
-    ``goodput_estimates.py`` and ``goodput_report.py``)."""
+def count_bytecodes(make, steps: int, kind: str = "walk", depths=None) -> float:
+    """Bytecodes executed per step in the policy class's own modules: those
+    of its class and the classes it derives from, each with the modules beside
+    it that share its name (``goodput.py`` with ``goodput_estimates.py`` and
+    ``goodput_report.py``; ``goodput_depths.py`` with all of those)."""
     policy = make()
-    view = StepView(num_draft_tokens=4)
-    sizes, outs = stream(kind, steps)
-    module_file = sys.modules[type(policy).__module__].__file__
-    stem = module_file[: -len(".py")]
+    view = _view(depths)
+    sizes = stream(kind, steps)
+    stems = tuple(
+        {
+            sys.modules[cls.__module__].__file__[: -len(".py")]
+            for cls in type(policy).__mro__
+            if cls.__module__.startswith("eagle_gate.")
+        }
+    )
     count = 0
 
     def count_op(frame, event, arg):
@@ -90,7 +125,7 @@ def count_bytecodes(make, steps: int, kind: str = "walk") -> float:
         return count_op
 
     def enter(frame, event, arg):
-        if not frame.f_code.co_filename.startswith(stem):
+        if not frame.f_code.co_filename.startswith(stems):
             return None
         frame.f_trace_opcodes = True
         frame.f_trace_lines = False
@@ -106,7 +141,7 @@ def count_bytecodes(make, steps: int, kind: str = "walk") -> float:
             mode = policy.decide(view)
             if pending is not None:
                 policy.observe(pending)
-            pending = outs[i][0 if mode == Mode.SPEC else 1]
+            pending = outcome(mode, view.depth, b, i, depths is not None)
     finally:
         sys.settrace(None)
     return count / (steps - warm)
@@ -121,18 +156,29 @@ def main() -> None:
         action="store_true",
         help="count the bytecodes each policy executes per step instead of timing",
     )
+    ap.add_argument(
+        "--depths",
+        default="1,3,5,7",
+        help="the SPEC depths goodput-depths is offered (comma-separated)",
+    )
     args = ap.parse_args()
+    depths = tuple(sorted(int(d) for d in args.depths.split(",")))
+
+    def offered(name: str):
+        return depths if name in DEPTH_POLICIES else None
+
     if args.count_bytecodes:
         steps = min(args.steps, 20_000)  # tracing is slow; the count is exact
-        print(f"{'policy':<10} {'bytecodes/step':>15}  ({args.stream}, {steps} steps)")
+        print(f"{'policy':<14} {'bytecodes/step':>15}  ({args.stream}, {steps} steps)")
         for name, make in POLICIES.items():
-            print(f"{name:<10} {count_bytecodes(make, steps, args.stream):>15.1f}")
+            n = count_bytecodes(make, steps, args.stream, offered(name))
+            print(f"{name:<14} {n:>15.1f}")
         return
-    head = f"{'policy':<10} {'median us':>10} {'p90 us':>8}"
+    head = f"{'policy':<14} {'median us':>10} {'p90 us':>8}"
     print(f"{head}  (decide+observe, {args.stream})")
     for name, make in POLICIES.items():
-        med, p90 = bench(make, args.steps, args.stream)
-        print(f"{name:<10} {med:>10.2f} {p90:>8.2f}")
+        med, p90 = bench(make, args.steps, args.stream, offered(name))
+        print(f"{name:<14} {med:>10.2f} {p90:>8.2f}")
 
 
 if __name__ == "__main__":

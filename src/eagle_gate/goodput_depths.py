@@ -1,38 +1,45 @@
 """``goodput-depths``: :class:`~eagle_gate.goodput.Goodput` that also chooses
-the SPEC depth per batch (issue #33, a first version; docs/goodput.md).
+the SPEC depth per batch (issue #33; docs/goodput.md#draft-depths).
 
 On a server with one SPEC depth (``view.depths == (configured,)``, every
 server today) it *is* ``goodput``: ``decide`` and ``observe`` go straight to
 it, so it decides exactly as ``goodput`` does.
 
 With several depths, ``goodput``'s rule still chooses between PLAIN and SPEC,
-where SPEC means the *home depth*; this layer chooses the home depth:
+where SPEC means the *home depth*; this layer chooses the home depth. Its
+estimates:
 
 * acceptance per position: from ``StepOutcome.accepted_at_least``, per
-  position ``j`` the share of the requests that reached ``j - 1`` accepted
-  drafts and accepted the ``j``-th (forgetting by the position's own
-  samples); a depth's expected tokens per request are
+  position ``j`` the requests that reached ``j - 1`` accepted drafts and
+  those of them that accepted the ``j``-th (at most ``_POS_REQUESTS``
+  requests' worth each); a depth's expected tokens per request are
   ``1 + q1 + q1 q2 + ...``, positions never seen extrapolated with the last
   one seen, every position scaled by one factor so that the home depth's
-  matches ``goodput``'s own acceptance (which follows changes quickly). On
-  a detected change, positions beyond the home depth are forgotten;
+  matches ``goodput``'s own acceptance (which follows changes quickly; the
+  factor is kept and refined by two Newton steps per look, not solved
+  afresh). On a detected change, positions beyond the home depth are
+  forgotten;
 * step time: one line in the batch size per depth, as ``goodput`` keeps one
-  per mode (far from the batches a depth ran at: the home depth's time
-  times the two depths' ratio where it did run);
-* every ``_CHECK_EVERY`` steps the timed depth with the highest expected
-  tokens per second becomes the home depth where it beats the home depth by
-  ``_DEPTH_MARGIN`` (from PLAIN only where that turns the decision); its
-  acceptance restarts from the prediction;
-* depth probes (``probe_steps``, one more from PLAIN for the resync, whose
-  step goes untimed): each depth once, nearest the home depth first
-  (shallower first from PLAIN), then a neighbour of the home depth not run
-  for ``stale_steps``; paid from ``goodput``'s budget, and only while it is
-  at least ``_DEPTH_CREDIT`` full (``goodput``'s own probes come first).
-  Every other probe of SPEC that ``goodput`` takes from PLAIN runs the next
-  shallower depth where that one's time is not known at this batch.
+  per mode. Where a depth has no line near this batch, or none sampled for
+  ``stale_steps``, its time is a *prior* from a measured depth ``h`` (the
+  most sampled one near this batch) and the PLAIN line, the lower of two
+  cost models: linear in the depth between PLAIN and ``h``, and a verify of
+  ``b (d + 1)`` tokens costing what a PLAIN step of that many tokens does,
+  scaled by ``h``'s measured overhead. The lower is the optimistic one: a
+  depth whose prior cannot beat the current choice is never probed.
+
+Every ``_CHECK_EVERY`` steps, at this batch: the measured depth with the
+highest expected tokens/s becomes the home depth where it beats the home
+depth by ``_DEPTH_MARGIN``; from PLAIN, a depth known only by its prior may
+become the home depth too (``goodput``'s probes of SPEC then run it: the
+cheapest SPEC at a large batch is the shallowest depth). From SPEC, a depth
+known only by its prior that could beat the home depth by the margin is
+probed (``probe_steps``; paid from ``goodput``'s budget, only while it is at
+least ``_DEPTH_CREDIT`` full: ``goodput``'s own probes come first).
 
 Where outcomes carry no per-position counts the layer stays at the
-configured depth.
+configured depth. The hot path allocates nothing: per-position counts are
+added in place, and the per-depth figures are refreshed in place at each look.
 """
 
 from __future__ import annotations
@@ -47,16 +54,32 @@ from eagle_gate.policy import Mode, PolicyFactory, StepOutcome, StepView
 __all__ = ["GoodputDepths"]
 
 _SPEC = Mode.SPEC
-#: the depth choice is looked at every this many steps.
-_CHECK_EVERY = 4
+_PLAIN = Mode.PLAIN
+#: the depth choice is looked at every this many steps (goodput looks at
+#: its probes every 4: the depth matters less than the mode, and moves less).
+_CHECK_EVERY = 8
 #: another depth must beat the home depth's tokens/s by this share.
-_DEPTH_MARGIN = 0.05
-#: weight of one request in a position's acceptance (forgetting).
-_POS_FORGET = 1.0 / 2048.0
+_DEPTH_MARGIN = 0.02
+#: requests' worth behind a position's acceptance at most (older counts
+#: are scaled down when a look finds more).
+_POS_REQUESTS = 2048.0
 #: depth probes only while the probe budget is at least this share full.
 _DEPTH_CREDIT = 0.6
 #: requests behind a position before its acceptance is used.
 _POS_MIN = 8.0
+#: Newton steps per look on the scale of the per-position acceptance (from
+#: the last look's scale: the target moves little between looks).
+_NEWTON = 2
+#: a depth probe runs at most this many times probe_steps (while it times
+#: nothing: see _depth_probe).
+_PROBE_MAX = 4
+#: a position's scaled acceptance is capped here: goodput's acceptance at a
+#: shallow home depth may run past what its positions can give (a PLAIN-side
+#: prediction, noise), and scaling every position to certainty would make
+#: the deepest depth look best.
+_Q_MAX = 0.95
+#: the scale's range (a position's acceptance is capped at 1 anyway).
+_R_MIN, _R_MAX = 0.05, 4.0
 
 
 class GoodputDepths(Goodput):
@@ -66,8 +89,9 @@ class GoodputDepths(Goodput):
 
     __slots__ = (
         "_depth", "_depths", "_d_times", "_d_acc", "_d_last", "_pos_n",
-        "_pos_m", "_dprobe_left", "_dprobe_depth", "_next_depth",
-        "_alt", "_bprobe_depth",
+        "_pos_m", "_pend", "_pend_b", "_pend_h", "_q", "_exp", "_rate",
+        "_known", "_line", "_r", "_dprobe_left", "_dprobe_depth", "_dprobe_w",
+        "_dprobe_t", "_next_depth",
     )  # fmt: skip
 
     def __init__(self, **settings: object) -> None:
@@ -77,13 +101,25 @@ class GoodputDepths(Goodput):
         self._d_times: dict[int, StepTime] = {}
         self._d_acc: dict[int, Level] = {}
         self._d_last: dict[int, int] = {}
-        self._pos_n: list[float] = []  # per position: accepted (decayed)
-        self._pos_m: list[float] = []  # per position: reached (decayed)
-        self._dprobe_left = 0
-        self._dprobe_depth = 0
-        self._next_depth = 0
-        self._alt = False
-        self._bprobe_depth = 0
+        self._pos_n: list[float] = []  # per position: accepted
+        self._pos_m: list[float] = []  # per position: reached
+        # per depth: the per-position counts of the SPEC steps observed since
+        # the last look (folded into _pos_n/_pos_m there, in C: zip and sum),
+        # and those steps' requests
+        self._pend: dict[int, list[tuple[int, ...]]] = {}
+        self._pend_b = 0
+        self._pend_h: list[tuple[int, ...]] = []  # the home depth's
+        self._q: list[float] = []  # per position: acceptance (0: unknown)
+        self._exp: list[float] = []  # per depth 0..deepest: tokens/request
+        self._rate: list[float] = []  # per depth: tokens/s at the last look
+        self._known: list[bool] = []  # per depth: measured near that batch
+        self._line: list[float] = []  # per depth: its line's time there (0: none)
+        self._r = 1.0  # the per-position acceptance's scale
+        self._dprobe_left = self._dprobe_depth = self._next_depth = 0
+        # a depth probe runs until its line holds this many samples (two more
+        # timed ones), past probe_steps at this time per step from the budget
+        self._dprobe_w = 0
+        self._dprobe_t = 0.0
 
     def _setup(self, view: StepView) -> None:
         depths = view.depths
@@ -95,195 +131,257 @@ class GoodputDepths(Goodput):
         self._d_times[d] = self._times[0]
         self._d_acc[d] = self._acc
         self._d_last = {s: -(1 << 62) for s in depths}
-        self._pos_n = [0.0] * (depths[-1] + 1)
-        self._pos_m = [0.0] * (depths[-1] + 1)
+        k = depths[-1] + 1
+        self._pos_n = [0.0] * k
+        self._pos_m = [0.0] * k
+        self._pend = {s: [] for s in depths}
+        self._pend_h = self._pend[d]
+        self._q = [0.0] * k
+        self._exp = [1.0] * k
+        self._rate = [0.0] * k
+        self._known = [False] * k
+        self._line = [0.0] * k
 
     # -- deciding -------------------------------------------------------------
 
     def decide(self, view: StepView) -> Mode:
         if len(view.depths) == 1:
             return Goodput.decide(self, view)
-        if not self._depth:
-            self._setup(view)
-        if self._dprobe_left:
-            self._dprobe_left -= 1
+        if self._dprobe_left and self._probe_on():
             view.depth = self._dprobe_depth
             return _SPEC
-        probing = self._probe_left
-        mode = Goodput.decide(self, view)
-        if mode is _SPEC and self.home is not _SPEC:
-            # goodput probes SPEC from PLAIN: every other such probe runs a
-            # neighbour of the home depth not known at this batch
-            if not probing:
-                self._bprobe_depth = self._probe_depth(view.batch_size)
-            view.depth = self._bprobe_depth
-            return mode
         step = view.step
-        if (
-            not probing
-            and not self._probe_left
-            and self._accept > 0.0
-            and step >= self._next_depth
-        ):
+        if step >= self._next_depth and not self._probe_left:
+            if not self._depth:
+                self._setup(view)
             self._next_depth = step + _CHECK_EVERY
-            probe = self._choose(view.batch_size, step, mode)
-            if probe:
-                mode = self._depth_probe(probe)
-                view.depth = probe
-                return mode
+            if self._fit():
+                probe = self._choose(view.batch_size, step)
+                if probe:
+                    view.depth = probe
+                    return self._depth_probe(probe, step)
+        mode = Goodput.decide(self, view)
         if mode is _SPEC:
             view.depth = self._depth
         return mode
 
-    def _expected(self, r: float = 1.0) -> list[float]:
-        """Expected tokens per request at each depth 0..deepest from the
-        per-position acceptance, each position's scaled by ``r`` (at most
-        1); empty where nothing is known."""
-        n, m = self._pos_n, self._pos_m
-        out = [1.0] * len(n)
-        q = 0.0
-        tot = 1.0
-        reach = 1.0
+    def _fit(self) -> bool:
+        """Refresh ``_q`` (per-position acceptance, extrapolated), the scale
+        ``_r`` (two Newton steps towards the home depth's expected tokens
+        matching goodput's acceptance) and ``_exp``, after folding in the
+        counts observed since the last look; False where position 1 was never
+        seen or goodput has no acceptance yet. In place: no allocation."""
+        n, m, q = self._pos_n, self._pos_m, self._q
+        if self._pend_b:
+            m[1] += self._pend_b
+            self._pend_b = 0
+            for d, pend in self._pend.items():
+                if pend:
+                    j = 1
+                    for col in zip(*pend, strict=False):  # (position j: >= j)
+                        got = sum(col)
+                        n[j] += got
+                        if j < d:  # (they reached position j + 1)
+                            m[j + 1] += got
+                        j += 1
+                    pend.clear()
+        last = 0.0
         for j in range(1, len(n)):
-            if m[j] >= _POS_MIN:
-                q = n[j] / m[j] * r
-                if q > 1.0:
-                    q = 1.0
+            mj = m[j]
+            if mj > _POS_REQUESTS:  # (a window of requests: older ones fade)
+                n[j] *= _POS_REQUESTS / mj
+                m[j] = mj = _POS_REQUESTS
+            if mj >= _POS_MIN:
+                last = n[j] / mj
             elif j == 1:
-                return []
-            reach *= q
-            tot += reach
-            out[j] = tot
-        return out
-
-    def _fitted(self) -> list[float]:
-        """:meth:`_expected` with the per-position acceptance scaled so the
-        home depth's expected tokens match goodput's acceptance (which
-        follows changes; the positions' counts follow them slowly)."""
+                return False
+            q[j] = last
+        if self._accept <= 0.0:
+            return False
         home = self._depth
-        target = self._accept
-        lo, hi = 0.0, 4.0
-        exp = self._expected()
-        if not exp:
-            return exp
-        for _ in range(16):
-            mid = 0.5 * (lo + hi)
-            if self._expected(mid)[home] < target:
-                lo = mid
-            else:
-                hi = mid
-        return self._expected(0.5 * (lo + hi))
-
-    def _choose(self, b: int, step: int, mode: Mode) -> int:
-        """Move the home depth to the best measured one; return a depth to
-        probe (0: none)."""
-        exp = self._fitted()
-        home = self._depth
-        if not exp:
-            return 0
-        fit_h = self._d_times[home]
-        if fit_h.w == 0.0:
-            return 0
-        t_h = fit_h.predict(b)
-        best_rate = self._accept / t_h
-        best = home
-        times = self._d_times
-        for d in self._depths:
-            fit = times[d]
-            if d == home or fit.w == 0.0:
-                continue
-            t = fit.predict(b)
-            if not -fit.reach <= b - fit.mb <= fit.reach:
-                mb = round(fit.mb)
-                t = t_h * fit.predict(mb) / fit_h.predict(mb)
-            rate = exp[d] / t
-            if rate > best_rate * (1.0 + _DEPTH_MARGIN):
-                best_rate, best = rate, d
-        if best != home:
-            # from PLAIN only where the move turns the decision (the depths'
-            # estimates lean on PLAIN-side predictions there: a shallow depth
-            # chosen at low acceptance sees a rise too dimly to leave it)
-            fit_p = self._times[1]
-            if self.home is _SPEC or (
-                fit_p.w
-                and best_rate * fit_p.predict(b) > 1.0
-                and self._accept * fit_p.predict(b) < t_h
-            ):
-                self._set_depth(best, exp[best])
-            return 0
-        if (
-            mode is not self.home
-            or self._times[1].w == 0.0
-            or self._acc.n < 2.0 * PREDICTED_REQUESTS
-        ):
-            return 0  # (goodput probes, or it has not settled)
-        # a depth never timed first (nearest the home depth), else a
-        # neighbour of the home depth not timed for stale_steps
-        depths = self._depths
-        i = depths.index(home)
-        # (from PLAIN the shallower first: cheaper, and nearer to PLAIN)
-        shallow = mode is not _SPEC
-        order = sorted(depths, key=lambda d: (abs(d - home), shallow and d > home))
-        cand = 0
-        for d in order:
-            if times[d].w == 0.0:
-                cand = d
-                break
-        first = cand != 0
-        if not cand:
-            for d in depths[max(0, i - 1) : i + 2]:
-                if d != home and step - self._d_last[d] >= self.stale_steps:
-                    cand = d
+        target = self._accept - 1.0
+        r = self._r
+        for _ in range(_NEWTON):
+            f = df = 0.0
+            reach, dreach = 1.0, 0.0
+            for j in range(1, home + 1):
+                rq = r * q[j]
+                if rq < _Q_MAX:  # (a capped position does not move with r)
+                    dreach = dreach * rq + reach * q[j]
+                    reach *= rq
+                else:
+                    dreach *= _Q_MAX
+                    reach *= _Q_MAX
+                f += reach
+                df += dreach
+            if df <= 0.0:  # every position capped: no slope
+                if f <= target:
                     break
-        if not cand:
+                r *= 0.5
+                continue
+            r -= (f - target) / df
+            if r < _R_MIN:
+                r = _R_MIN
+            elif r > _R_MAX:
+                r = _R_MAX
+        self._r = r
+        exp = self._exp
+        tot = reach = 1.0
+        for j in range(1, len(q)):
+            rq = r * q[j]
+            reach *= rq if rq < _Q_MAX else _Q_MAX
+            tot += reach
+            exp[j] = tot
+        return True
+
+    def _choose(self, b: int, step: int) -> int:
+        """Rate every depth at batch ``b`` (measured or prior time), move the
+        home depth, and return a depth to probe (0: none)."""
+        fit_p = self._times[1]
+        if fit_p.w == 0.0:
             return 0
-        n = self.probe_steps
-        t = t_h * max(1.0, (cand + 1.0) / (home + 1.0))
-        if mode is not _SPEC:  # from PLAIN: one more for the resync
-            n += 1
-            t = self._d_times[home].predict(b) * max(1.0, (cand + 1.0) / (home + 1.0))
-        long_cost = 4 * n * t
-        # only from a budget goodput leaves mostly unspent (its own probes
-        # come first: depth looks that drained it at the start left it in
-        # PLAIN on an early low acceptance)
+        t_p = fit_p.predict(b)
+        times = self._d_times
+        home = self._depth
+        depths = self._depths
+        exp, rate, known, line = self._exp, self._rate, self._known, self._line
+        # each depth's line near b (within the line's reach or a quarter of
+        # its mean batch): measured there (known)
+        near_any = False
+        for d in depths:
+            fit = times[d]
+            t = 0.0
+            k = False
+            if fit.w > 0.0:
+                near = fit.reach
+                if near < 0.25 * fit.mb + 1.0:
+                    near = 0.25 * fit.mb + 1.0
+                if -near <= b - fit.mb <= near:
+                    t = fit.predict(b)
+                    k = near_any = True
+            line[d] = t
+            known[d] = k
+        if not near_any:  # no line near b: each line's ratio to PLAIN there
+            for d in depths:
+                fit = times[d]
+                if fit.w > 0.0:
+                    mb = round(fit.mb)
+                    line[d] = t_p * fit.predict(mb) / fit_p.predict(mb)
+        # the best depth of all, the best measured one (known), and the best
+        # with a line near b or the shallowest (what PLAIN looks at)
+        best = best_k = best_p = 0
+        lo, t_lo, lo2, t_lo2 = 0, t_p, 0, t_p  # the two deepest lines so far
+        for i, d in enumerate(depths):
+            t = line[d]
+            if t:
+                lo2, t_lo2, lo, t_lo = lo, t_lo, d, t
+                lined = True
+            elif not i:
+                # the shallowest depth, never run near b: the cheapest SPEC,
+                # which may cost little more than PLAIN (looked at where that
+                # could win)
+                t = t_p
+                lined = True
+            else:
+                lined = (
+                    False  # a depth not run near b: a prior from the lines around it
+                )
+                for hi in depths[i + 1 :]:
+                    t_hi = line[hi]
+                    if t_hi:  # between two lines (PLAIN as depth 0): the chord
+                        t = t_lo + (t_hi - t_lo) * (d - lo) / (hi - lo)
+                        break
+                else:
+                    if not lo:
+                        rate[d] = 0.0
+                        continue  # (no line at all)
+                    # beyond the deepest: the last segment, extended (a lower
+                    # bound where the cost grows convexly with the depth)
+                    t = t_lo + (t_lo - t_lo2) * (d - lo) / (lo - lo2)
+                if t < t_p:
+                    t = t_p
+            r = exp[d] / t
+            rate[d] = r
+            if not best or r > rate[best]:
+                best = d
+            if known[d] and (not best_k or r > rate[best_k]):
+                best_k = d
+            if lined and (not best_p or r > rate[best_p]):
+                best_p = d
+        bar = rate[home] * (1.0 + _DEPTH_MARGIN)
+        if self.home is not _SPEC:
+            # from PLAIN: SPEC means the depth that looks best of those run
+            # near b and the shallowest (goodput's own probes of SPEC then
+            # measure it); a deeper depth never run is looked at from SPEC
+            # (a lower bound on its time must not pick it from PLAIN)
+            if best_p != home and rate[best_p] > bar:
+                self._set_depth(best_p)
+            return 0
+        if self._acc.n < 2.0 * PREDICTED_REQUESTS:
+            # SPEC's acceptance rests mostly on a prediction (just after a
+            # switch or a move): the depths' figures scale from it, and a
+            # deep depth's are the most sensitive to it; wait for samples
+            # (goodput's own probes of PLAIN wait likewise)
+            return 0
+        if best_k and best_k != home and rate[best_k] > bar:
+            self._set_depth(best_k)
+            return 0
+        if best == best_k or rate[best] <= bar:
+            return 0
+        # a depth known only by its prior could beat the home depth: probe
+        # it from a budget goodput leaves mostly unspent
         if self._credit < _DEPTH_CREDIT * self._credit_cap:
             return 0
-        reserve = (0.0 if first else 1.0) * n * t
-        if not self._afford(n * t, reserve, long_cost):
+        n = self.probe_steps
+        t = exp[best] / rate[best]
+        if not self._afford(n * t, n * t, _PROBE_MAX * n * t):
             return 0
-        return cand
+        self._dprobe_t = t
+        return best
 
-    def _probe_depth(self, b: int) -> int:
-        """The depth of a probe of SPEC from PLAIN (see decide): every other
-        one, the next shallower depth where it is not known at this batch
-        (SPEC lost at the home depth; a shallower one may win)."""
-        home = self._depth
-        self._alt = not self._alt
-        i = self._depths.index(home)
-        if not self._alt or not i or self._pos_m[1] < _POS_MIN:
-            return home  # (no per-position counts: the configured depth)
-        d = self._depths[i - 1]
-        fit = self._d_times[d]
-        if fit.w == 0.0 or not -fit.reach <= b - fit.mb <= fit.reach:
-            return d
-        return home
-
-    def _depth_probe(self, depth: int) -> Mode:
-        n = self.probe_steps + (self.home is not _SPEC)
+    def _depth_probe(self, depth: int, step: int) -> Mode:
+        """Start a probe of ``depth``: ``probe_steps`` steps, then on until
+        its line has two more timed samples (at most ``_PROBE_MAX`` times as
+        long, each further step paid from the budget): at a large batch most
+        steps follow a prefill and go untimed, and a probe that timed nothing
+        told nothing."""
+        n = self.probe_steps
         self._dprobe_depth = depth
-        self._dprobe_left = n - 1
-        self._probed += n
-        self._d_last[depth] = self._decided
+        self._dprobe_left = _PROBE_MAX * n - 1
+        self._dprobe_w = self._d_times[depth].k + 2
+        self._probed += 1
+        self._d_last[depth] = step
         return _SPEC
 
-    def _set_depth(self, d: int, accept: float) -> None:
+    def _probe_on(self) -> bool:
+        """A depth probe's next step: True to run it."""
+        left = self._dprobe_left - 1
+        self._dprobe_left = left
+        if left < (_PROBE_MAX - 1) * self.probe_steps:
+            # past probe_steps: only while its line lacks two timed samples,
+            # and the budget pays for the step
+            t = self._dprobe_t
+            if (
+                self._d_times[self._dprobe_depth].k >= self._dprobe_w
+                or self._credit < t
+            ):
+                self._dprobe_left = 0
+                return False
+            self._credit -= t
+        self._probed += 1
+        return True
+
+    def _set_depth(self, d: int) -> None:
         """Make ``d`` the home depth: goodput's SPEC line and acceptance are
         now that depth's."""
+        self._d_last[self._depth] = self._last[0]
         self._depth = d
+        self._pend_h = self._pend[d]
         self._times = (self._d_times[d], self._times[1])
         acc = self._d_acc[d]
         # its own samples are probes' (few, maybe old): it restarts from the
         # prediction, as goodput's acceptance does from a PLAIN-side one
+        accept = self._exp[d]
         acc.restart(accept, PREDICTED_REQUESTS)
         self._acc = acc
         self._accept = accept
@@ -294,11 +392,12 @@ class GoodputDepths(Goodput):
 
     def depth_rates(self) -> dict[int, float]:
         """Expected output tokens/s per timed depth at the home depth's mean
-        batch, as :meth:`_choose` compares them (empty before any is known)."""
-        exp = self._fitted() if self._depth else []
+        batch (empty before any is known): read by the ops thread, so it
+        changes nothing the decisions use."""
         home = self._d_times.get(self._depth)
-        if not exp or home is None or home.w == 0.0:
+        if home is None or home.w == 0.0 or self._accept <= 0.0:
             return {}
+        exp = self._exp
         b = max(1, round(home.mb))
         return {
             d: exp[d] / fit.predict(b)
@@ -318,19 +417,25 @@ class GoodputDepths(Goodput):
         return out
 
     def observe(self, outcome: StepOutcome) -> None:
-        if not self._depth or outcome.batch_size <= 0:
+        d = outcome.depth
+        if d == self._depth:  # (the home depth's SPEC steps: most of them)
+            at_least = outcome.accepted_at_least
+            if at_least is not None:
+                self._pend_h.append(at_least)  # (counted at the next look)
+                self._pend_b += outcome.batch_size
             Goodput.observe(self, outcome)
             return
+        if not self._depth or outcome.mode is not _SPEC or d is None:
+            Goodput.observe(self, outcome)
+            return
+        b = outcome.batch_size
+        pend = self._pend.get(d)
+        if pend is None or b <= 0:
+            return  # (a depth this layer did not ask for)
         at_least = outcome.accepted_at_least
         if at_least is not None:
-            self._count_positions(outcome.batch_size, at_least)
-        d = outcome.depth
-        if outcome.mode is not _SPEC or d is None or d == self._depth:
-            Goodput.observe(self, outcome)
-            return
-        if d not in self._d_times:
-            return  # (a depth this layer did not ask for)
-        b = outcome.batch_size
+            pend.append(at_least)
+            self._pend_b += b
         resync = self._prev_mode is not _SPEC
         self._prev_mode = _SPEC
         self._d_acc[d].add(outcome.tokens / b, b)
@@ -357,19 +462,6 @@ class GoodputDepths(Goodput):
                 f = 4.0 * _POS_MIN / m[j]
                 n[j] *= f
                 m[j] *= f
-
-    def _count_positions(self, b: int, at_least: tuple[int, ...]) -> None:
-        n, m = self._pos_n, self._pos_m
-        reached = b
-        for j, got in enumerate(at_least, 1):
-            if j >= len(n) or reached <= 0:
-                break
-            f = 1.0 - _POS_FORGET * reached
-            if f < 0.5:
-                f = 0.5
-            n[j] = n[j] * f + got
-            m[j] = m[j] * f + reached
-            reached = got
 
 
 @hookimpl

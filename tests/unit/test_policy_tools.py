@@ -62,7 +62,7 @@ def test_bytecode_count_is_exact_and_sees_the_policy(stream):
 def test_bench_policy_overhead_prints_every_policy():
     out = _run("bench_policy_overhead.py", "--steps", "2000", "--stream", "steady")
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:]}
-    assert set(rows) == {"always", "never", "threshold", "goodput"}
+    assert set(rows) == {"always", "never", "threshold", "goodput", "goodput-depths"}
     assert all(float(median) > 0.0 for median, _ in rows.values())
     out = _run("bench_policy_overhead.py", "--steps", "2000", "--count-bytecodes")
     assert "bytecodes/step" in out and "goodput" in out
