@@ -13,11 +13,13 @@ by the adapter while SGLang builds the states at startup
 (``adapters/sglang_0_5_23/depths.py``) and handed over once.
 
 The status shape (docs/operations.md, "Draft depths in the status"):
-``{"set", "configured", "max", "measure_errors", "per_depth": {"0": ..., "1":
-...}}``, each entry with the counts (``steps``, ``request_steps``,
-``tokens``, ``mean_accept``) and the build's cost (``built``,
-``capture_s``, ``mib_total``, ``mib_verify_graphs``, ``mib_draft_graphs``,
-``mib_other``, ``verify_graph_bs``, ``draft_extend_graph_bs``).
+``{"set", "configured", "max", "out_of_range", "measure_errors", "per_depth":
+{"0": ..., "1": ...}, "unused_builds": {}}``, each ``per_depth`` entry with
+the counts (``steps``, ``request_steps``, ``tokens``, ``mean_accept``) and
+the build's cost (``built``, ``capture_s``, ``mib_total``,
+``mib_verify_graphs``, ``mib_draft_graphs``, ``mib_other``,
+``verify_graph_bs``, ``draft_extend_graph_bs``); ``unused_builds``: states
+SGLang built at depths outside the set, by depth, with the same cost keys.
 
 No SGLang, no torch.
 """
@@ -64,6 +66,7 @@ class DepthStats:
         "tokens",
         "out_of_range",
         "builds",
+        "unused_builds",
         "measure_errors",
     )
 
@@ -85,8 +88,12 @@ class DepthStats:
         #: SPEC steps reported at a depth outside 0..max (a third-party
         #: adapter's): counted here, not in a depth.
         self.out_of_range = 0
-        #: depth -> what building its state cost (the adapter's measurement).
-        self.builds = {int(d): dict(b) for d, b in (builds or {}).items()}
+        #: depth -> what building its state cost (the adapter's measurement);
+        #: states of depths outside the set (SGLang's depth-0 verify under an
+        #: operator's own adaptive config) are kept apart: never PLAIN's cost.
+        measured = {int(d): dict(b) for d, b in (builds or {}).items()}
+        self.builds = {d: b for d, b in measured.items() if d in self.depths}
+        self.unused_builds = {d: b for d, b in measured.items() if d not in self.builds}
         #: measurements the adapter gave up (the build itself ran).
         self.measure_errors = int(measure_errors)
 
@@ -130,4 +137,5 @@ class DepthStats:
             "out_of_range": self.out_of_range,
             "measure_errors": self.measure_errors,
             "per_depth": {str(d): self.entry(d) for d in shown},
+            "unused_builds": {str(d): dict(b) for d, b in self.unused_builds.items()},
         }

@@ -188,3 +188,14 @@ def test_a_binary_server_exports_no_depth_series(tmp_path):
     lines = scrape_lines(tmp_path, METRICS_PROBE, "binary")
     assert 'eagle_gate_decode_steps_total{dp_rank="0",mode="spec"} 3.0' in lines
     assert not [line for line in lines if line.startswith("eagle_gate_depth_")]
+
+
+def test_a_state_built_outside_the_set_is_never_plains_cost():
+    """SGLang's depth-0 state (a 1-token verify, built under an operator's
+    own adaptive config) is not PLAIN: its cost shows apart."""
+    depths = runtime(builds={0: BUILD_1, 1: BUILD_1}).status()["depths"]
+    assert depths["per_depth"]["0"]["built"] is None
+    assert depths["per_depth"]["0"]["mib_total"] is None
+    assert depths["unused_builds"] == {"0": BUILD_1}
+    assert depths["per_depth"]["1"]["mib_total"] == 600.0
+    assert runtime().status()["depths"]["unused_builds"] == {}
