@@ -209,3 +209,94 @@ def test_sglang_ema_learns_nothing_from_a_depth_0_verify():
     ema.observe(StepOutcome(Mode.SPEC, 8, 8, (1,) * 8, None, 1, depth=1))
     ema.decide(view.update(batch_size=8, step=2, seq_len_sum=0))
     assert view.depth == 1  # nothing accepted at depth 1: draft one more
+
+
+# -- goodput-depths against issue #33's bars (quick rows, seed 0 unless said;
+# the 5-seed and held-out figures: docs/goodput.md#draft-depths) ------------
+
+
+def _quick_row(name: str, workload: str, label: str, seed: int = 0):
+    from eagle_gate.sim.workloads import close_scenarios, grid_scenarios
+
+    prof = get_profile(name)
+    if workload == "grid":
+        rows = [(f"C={c}", sc) for c, sc in grid_scenarios(prof, True, seed * 10007)]
+    else:
+        rows = close_scenarios(prof, True, seed * 10007)
+    return prof, dict(rows)[label]
+
+
+def _tok(prof, sc, policy) -> float:
+    return Simulator(prof, sc).run(policy).tok_s
+
+
+def test_goodput_depths_reaches_the_depth_oracle_at_c100_on_single_gpu_8b():
+    # depth 1 at batch 100 is 1.43x PLAIN and 1.58x depth 5 (the configured
+    # one); the first goodput-depths never looked at it from PLAIN: 0.79
+    from eagle_gate.goodput_depths import GoodputDepths
+
+    prof, sc = _quick_row("single-gpu-8b", "grid", "C=100")
+    gd = _tok(prof, sc, GoodputDepths())
+    dor = _tok(prof, sc, DepthOracleMean())
+    assert gd >= 0.98 * dor, gd / dor
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="single-gpu-8b C=250 (300 quick steps, SPEC steps mostly untimed): "
+    "0.934 x depth-oracle on seed 0, 0.967 over seeds 0-4 (the first version: "
+    "0.68); the look at depth 1 and its timed steps take ~10% of the run",
+)
+def test_goodput_depths_reaches_the_depth_oracle_at_c250_on_single_gpu_8b():
+    from eagle_gate.goodput_depths import GoodputDepths
+
+    prof, sc = _quick_row("single-gpu-8b", "grid", "C=250")
+    gd = _tok(prof, sc, GoodputDepths())
+    dor = _tok(prof, sc, DepthOracleMean())
+    assert gd >= 0.98 * dor, gd / dor
+
+
+def test_goodput_depths_beats_sglang_ema_where_ema_beats_goodput():
+    # close-plain-3 at C=32: sglang-ema 2,226 tok/s against goodput's 2,268
+    # and PLAIN's 2,267... and depth 1's 2,481: goodput-depths runs depth 1
+    from eagle_gate.goodput_depths import GoodputDepths
+
+    prof, sc = _quick_row("close-plain-3", "close", "C=32")
+    gd = _tok(prof, sc, GoodputDepths())
+    others = [_tok(prof, sc, EmaTier()), _tok(prof, sc, NeverSpec())]
+    others.append(_tok(prof, sc, FixedDepth(1)))
+    assert gd >= 0.99 * max(others) and gd > others[0], (gd, others)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="close-spec-5 C=4..64 seed 1: 0.947 x the best of sglang-ema, fixed "
+    "depths and PLAIN (fixed depth 1) and 0.964 x sglang-ema; over seeds 0-4 "
+    "0.979 and 0.997 (the first version: 0.93 on seed 0). The probe budget, "
+    "spent by goodput's PLAIN/SPEC looks at the small batches, rarely leaves "
+    "the 60% a depth look needs",
+)
+def test_goodput_depths_at_least_the_best_of_ema_fixed_depths_and_plain():
+    from eagle_gate.goodput_depths import GoodputDepths
+
+    prof, sc = _quick_row("close-spec-5", "close", "C=4..64", seed=1)
+    gd = _tok(prof, sc, GoodputDepths())
+    others = [_tok(prof, sc, EmaTier()), _tok(prof, sc, NeverSpec())]
+    others.append(_tok(prof, sc, FixedDepth(1)))
+    assert gd >= max(others), (gd, others)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="seed-pcie-tp8 C=250 (300 quick steps, SPEC loses at every depth): "
+    "0.987 x binary goodput on seed 0, 0.985 over seeds 0-4: the look at "
+    "depth 1 (the cheapest SPEC, 3x a PLAIN step there) costs ~1.5% of a "
+    "run this short",
+)
+def test_goodput_depths_within_1_percent_of_goodput_at_c250_on_seed_pcie():
+    from eagle_gate.goodput_depths import GoodputDepths
+
+    prof, sc = _quick_row("seed-pcie-tp8", "grid", "C=250")
+    gd = _tok(prof, sc, GoodputDepths())
+    gp = _tok(prof, sc, Goodput())
+    assert gd >= 0.99 * gp, gd / gp
