@@ -5,6 +5,8 @@ over several seeds.
         [--quick] [--below 0.995]
     python examples/sim_seeds.py --suite|--alternating [--seeds N] [--quick]
         [--seed-start 0] [--policy FILE:CLASS]
+    python examples/sim_seeds.py --depths [--profile NAME ...] [--workload W ...]
+        [--seeds 5] [--seed-start 0] [--quick]
 
 One ``python -m eagle_gate.sim`` table runs each row once (seed 0), so a row's
 ratio carries that scenario's noise: which requests finish inside the window,
@@ -32,6 +34,15 @@ depth with the best mean), ``sglang-ema`` and the depth-aware oracle
 ``depth-oracle``. ``--seed-start`` picks other seeds (hold-outs);
 ``--policy FILE:CLASS`` runs another policy class in place of goodput (the
 old one, for a before/after table).
+
+``--depths`` runs instead the main job's rows (``python -m eagle_gate.sim``:
+the ``close`` workload of the ``close-*`` profiles, ``grid``, ``ramp`` and
+``mix`` of the others) for draft depths (issue #33): per row the mean tok/s
+over the seeds of ``goodput-depths``, ``sglang-ema``, the best fixed depth
+(``spec-dN``, the depth with the best mean), PLAIN, ``depth-oracle`` and
+``goodput``, and ``goodput-depths`` against the best of ``sglang-ema``, the
+fixed depths and PLAIN (``/max``), against ``depth-oracle`` and against
+``goodput`` (means of the per-seed ratios, and the worst seed of the last).
 
 ``--alternating`` runs instead the alternating-acceptance rows
 (:func:`eagle_gate.sim.workloads.alternating_rows`: every running request's
@@ -226,6 +237,67 @@ def print_suite(rows: list[dict], seeds: range) -> None:
     )
 
 
+def depth_rows(
+    profiles: list[str] | None, workloads: list[str] | None, quick: bool, seeds: range
+) -> list[dict]:
+    """The main job's rows over ``seeds`` with draft depths: per row, each
+    policy's tok/s per seed (``gd`` goodput-depths, ``ema``, ``never``,
+    ``dor`` depth-oracle, ``gp`` goodput, ``dN`` fixed depth N)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for name in profiles or sorted(BUILTIN_PROFILES):
+        prof = get_profile(name)
+        default = ["close"] if name.startswith("close-") else ["grid", "ramp", "mix"]
+        makers = {
+            "gd": GoodputDepths,
+            "ema": EmaTier,
+            "never": NeverSpec,
+            "dor": DepthOracleMean,
+            "gp": Goodput,
+        }
+        for d in prof.spec_depths():
+            makers[f"d{d}"] = lambda d=d: FixedDepth(d)
+        for wl in workloads or default:
+            for k in seeds:
+                for label, sc in rows(prof, wl, quick, k * SEED_STRIDE):
+                    row = out.setdefault(f"{name} {wl} {label}", {})
+                    for key, make in makers.items():
+                        tok = Simulator(prof, sc).run(make()).tok_s
+                        row.setdefault(key, []).append(tok)
+    return [{"row": row, **figs} for row, figs in out.items()]
+
+
+def print_depths(rows: list[dict], seeds: range) -> None:
+    print(
+        f"draft depths, seeds {seeds.start}..{seeds.stop - 1}: mean tok/s; "
+        "goodput-depths against the best of sglang-ema, the fixed depths and "
+        "PLAIN (/max), depth-oracle and goodput (means of per-seed ratios)"
+    )
+    print()
+    print(
+        "| row | goodput-depths | sglang-ema | best depth | PLAIN | depth-oracle "
+        "| goodput | /max | /depth-oracle | /goodput (worst seed) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        depths = [k for k in r if k[0] == "d" and k[1:].isdigit()]
+        best = max(depths, key=lambda k: statistics.mean(r[k]))
+        n = len(r["gd"])
+        top = [
+            max([r["ema"][i], r["never"][i]] + [r[k][i] for k in depths])
+            for i in range(n)
+        ]
+        vs_max = statistics.mean(r["gd"][i] / top[i] for i in range(n))
+        vs_dor = statistics.mean(r["gd"][i] / r["dor"][i] for i in range(n))
+        vs_gp = [r["gd"][i] / r["gp"][i] for i in range(n)]
+        m = {k: statistics.mean(v) for k, v in r.items() if k != "row"}
+        print(
+            f"| {r['row']} | {m['gd']:,.0f} | {m['ema']:,.0f} | {m[best]:,.0f} "
+            f"({best}) | {m['never']:,.0f} | {m['dor']:,.0f} | {m['gp']:,.0f} | "
+            f"{vs_max:.3f} | {vs_dor:.3f} | {statistics.mean(vs_gp):.3f} "
+            f"({min(vs_gp):.3f}) |"
+        )
+
+
 def print_alternating(rows: list[dict], seeds: range, policy: str) -> None:
     print(
         f"alternating acceptance, seeds {seeds.start}..{seeds.stop - 1}: "
@@ -275,6 +347,12 @@ def main() -> None:
         action="store_true",
         help="the alternating-acceptance rows (sim.workloads.alternating_rows)",
     )
+    ap.add_argument(
+        "--depths",
+        action="store_true",
+        help="the main job's rows with draft depths (goodput-depths, "
+        "sglang-ema, fixed depths, PLAIN, depth-oracle, goodput)",
+    )
     ap.add_argument("--seed-start", type=int, default=0)
     ap.add_argument("--policy", help="FILE:CLASS to run instead of goodput")
     args = ap.parse_args()
@@ -290,6 +368,12 @@ def main() -> None:
         else:
             figures = suite(make, seeds, policy_suite(args.quick), depths=True)
             print_suite(figures, seeds)
+        print(f"({time.perf_counter() - t0:.0f} s)")
+        return
+    if args.depths:
+        t0 = time.perf_counter()
+        seeds = range(args.seed_start, args.seed_start + args.seeds)
+        print_depths(depth_rows(args.profile, args.workload, args.quick, seeds), seeds)
         print(f"({time.perf_counter() - t0:.0f} s)")
         return
     t0 = time.perf_counter()

@@ -96,3 +96,13 @@ def test_sim_seeds_reports_every_close_call_row():
     for row in ("C=8", "C=32", "C=4..64"):
         assert f"close-spec-5    close    {row}" in out, out
     assert "rows whose mean gp/best(a,n) is below 0.995" in out
+
+
+def test_sim_seeds_depths_prints_the_depth_columns_of_a_main_row():
+    out = _run(
+        "sim_seeds.py", "--depths", "--quick", "--seeds", "1",
+        "--profile", "single-gpu-8b", "--workload", "ramp",
+    )  # fmt: skip
+    assert "| goodput-depths | sglang-ema | best depth | PLAIN | depth-oracle" in out
+    row = next(line for line in out.splitlines() if "single-gpu-8b ramp" in line)
+    assert row.count("|") == 11, row
