@@ -1,5 +1,5 @@
 """``goodput-depths``: :class:`~eagle_gate.goodput.Goodput` that also chooses
-the SPEC depth per batch (issue #33; docs/goodput.md#draft-depths).
+the SPEC depth per batch (issue #33; docs/goodput.md, "Draft depths in the simulator").
 
 On a server with one SPEC depth (``view.depths == (configured,)``, every
 server today) it *is* ``goodput``: ``decide`` and ``observe`` go straight to
@@ -20,26 +20,31 @@ estimates:
   afresh). On a detected change, positions beyond the home depth are
   forgotten;
 * step time: one line in the batch size per depth, as ``goodput`` keeps one
-  per mode. Where a depth has no line near this batch, or none sampled for
-  ``stale_steps``, its time is a *prior* from a measured depth ``h`` (the
-  most sampled one near this batch) and the PLAIN line, the lower of two
-  cost models: linear in the depth between PLAIN and ``h``, and a verify of
-  ``b (d + 1)`` tokens costing what a PLAIN step of that many tokens does,
-  scaled by ``h``'s measured overhead. The lower is the optimistic one: a
-  depth whose prior cannot beat the current choice is never probed.
+  per mode. Where a depth has no line near this batch (within its reach or
+  a quarter of its mean batch), its time is a *prior* from the lines that
+  are, PLAIN as depth 0: the chord between the nearest around it, beyond the
+  deepest the last segment extended (a lower bound where the cost grows
+  convexly with the depth); the shallowest depth counts as costing a PLAIN
+  step (the cheapest SPEC: only a look says whether it wins). Lines far from
+  the batch are used (as their ratio to PLAIN where they ran) only where no
+  line is near it: that ratio flatters deep depths at large batches.
 
 Every ``_CHECK_EVERY`` steps, at this batch: the measured depth with the
 highest expected tokens/s becomes the home depth where it beats the home
-depth by ``_DEPTH_MARGIN``; from PLAIN, a depth known only by its prior may
-become the home depth too (``goodput``'s probes of SPEC then run it: the
-cheapest SPEC at a large batch is the shallowest depth). From SPEC, a depth
-known only by its prior that could beat the home depth by the margin is
-probed (``probe_steps``; paid from ``goodput``'s budget, only while it is at
-least ``_DEPTH_CREDIT`` full: ``goodput``'s own probes come first).
+depth by ``_DEPTH_MARGIN``; from PLAIN, the shallowest depth may become the
+home depth before it ran near this batch (``goodput``'s probes of SPEC then
+run it: the cheapest SPEC at a large batch is the shallowest depth). From
+SPEC, the shallowest depth never run near this batch that could beat the
+home depth by the margin becomes home (tried by running it), and another
+depth known only by its prior that could is probed (``probe_steps``, on
+until two steps were timed; paid from ``goodput``'s budget, only while it is
+at least ``_DEPTH_CREDIT`` full: ``goodput``'s own probes come first). No
+move from SPEC while its acceptance rests on a prediction.
 
 Where outcomes carry no per-position counts the layer stays at the
 configured depth. The hot path allocates nothing: per-position counts are
-added in place, and the per-depth figures are refreshed in place at each look.
+appended per step and folded in at the look, which refreshes preallocated
+per-depth figures in place.
 """
 
 from __future__ import annotations
@@ -327,6 +332,14 @@ class GoodputDepths(Goodput):
             self._set_depth(best_k)
             return 0
         if best == best_k or rate[best] <= bar:
+            return 0
+        if best == depths[0] and not line[best]:
+            # the shallowest depth, never run near b, could win: tried by
+            # moving there (no resync, no budget: its steps are the cheapest
+            # SPEC, and the look above moves back once it is measured); a
+            # probe from the budget waited ~60 steps at batch 250 on the
+            # single-gpu-8b ramp, where it is 1.6x the home depth
+            self._set_depth(best)
             return 0
         # a depth known only by its prior could beat the home depth: probe
         # it from a budget goodput leaves mostly unspent

@@ -295,3 +295,17 @@ def test_decide_and_observe_stay_cheap_with_four_depths():
     assert n < 1.7 * gp, (n, gp)
     if sys.version_info[:2] == (3, 11):
         assert n < 900, n
+
+
+def test_from_spec_the_shallowest_depth_is_tried_by_moving_there():
+    # single-gpu-8b ramp: at batch 70-250 depth 1 is 1.2-1.6x the home depth
+    # (3 or 5). Probed from goodput's budget, the look waited ~60 steps at
+    # batch 250 for the budget to refill (0.88 x depth-oracle on seed 0);
+    # moved to (its steps are the cheapest SPEC, no resync) it runs at once
+    from eagle_gate.sim.workloads import ramp_scenario
+
+    prof = get_profile("single-gpu-8b")
+    sc = ramp_scenario(prof, quick=True, seed=0)
+    gd = Simulator(prof, sc).run(GoodputDepths()).tok_s
+    dor = Simulator(prof, sc).run(DepthOracleMean()).tok_s
+    assert gd >= 0.98 * dor, gd / dor
