@@ -172,6 +172,10 @@ def run(adapter, config: GateConfig, sglang_argv: list[str]) -> int:
         gated, state = check_resolved(adapter, server_args, sglang_argv, config)
     except adapters.GateRefused as exc:
         return _fail(str(exc))
+    if config.depths == "off" and adapter.depths is not None:
+        note = adapter.depths.operators_note(server_args)
+        if note:
+            logger.info("eagle_gate: %s", note)
     logger.info(
         "eagle_gate launcher pid %d: SGLang %s, adapter %s, policy %r %s, %s",
         os.getpid(),

@@ -383,8 +383,8 @@ def test_a_status_directory_that_does_not_exist_yet_is_fine(capsys, tmp_path):
             marks=pytest.mark.skipif(not PLUGIN_LOADER, reason="0.5.23's refusal"),
         ),
         pytest.param(
-            ["--speculative-adaptive"],
-            "--speculative-adaptive",
+            [*CHAIN, "--speculative-adaptive", "--gate-draft-sync", "lazy"],
+            "--speculative-adaptive with --gate-draft-sync lazy is refused",
             marks=pytest.mark.skipif(not PLUGIN_LOADER, reason="0.5.23's refusal"),
         ),
     ],
@@ -399,6 +399,15 @@ def test_a_refused_speculative_command_line(capsys, flags, words):
     assert check["detail"].startswith("refused: ") and words in check["detail"]
     assert "[resolved: EAGLE3, " in check["detail"]
     assert "change the SGLang command line" in check["fix"]
+
+
+@pytest.mark.skipif(not PLUGIN_LOADER, reason="0.5.23 has --speculative-adaptive")
+def test_the_operators_own_adaptive_speculation_is_taken_over_not_refused(capsys):
+    """SGLang's ``--speculative-adaptive`` (eager sync): the gate chooses among
+    its depths (``adapters/sglang_0_5_23/depths.py``), so the setup passes."""
+    code, report = doctor(capsys, "--", *SPEC, *CHAIN, "--speculative-adaptive")
+    assert code == 0, failed(report)
+    assert "adaptive" in by_name(report)["speculative flags"]["detail"]
 
 
 def test_nextn_shows_as_the_eagle_sglang_runs(capsys):

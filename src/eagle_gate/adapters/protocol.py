@@ -152,7 +152,8 @@ class SGLangAdapter(Protocol):
     dp: VersionDP
     fixes: VersionFixes
     #: per-batch SPEC depth (``--gate-depths``): the version's module with
-    #: ``launch_args(server_args, setting)`` and ``install(runtime, scheduler,
+    #: ``launch_args(server_args, setting)``, ``operators_note(server_args)``
+    #: (the operator's own adaptive flag) and ``install(runtime, scheduler,
     #: setting)``, or None where depths cannot change (0.5.9).
     depths: Any
 

@@ -17,7 +17,8 @@ What this version needs (read from the 0.5.23 wheel):
   the environment. SGLang's own hook registry only logs patch failures; our
   plugin raises SystemExit instead so a failed patch stops the launch.
 * SGLang's own adaptive speculation (``--speculative-adaptive``) would fight the
-  gate over the same decision and is refused.
+  gate over the same decision, so the gate takes it over: it chooses among the
+  depths SGLang built, SGLang's controller never moves (``depths.py``).
 """
 
 from __future__ import annotations
@@ -128,11 +129,10 @@ def check_spec(
         spec,
         extra_refusals=[
             (
-                spec.adaptive and depths == "off",
-                "--speculative-adaptive is SGLang's own adaptive speculation and "
-                "would fight eagle_gate over the same decision; to have the gate "
-                "choose the draft depth per batch, use --gate-depths auto (or a "
-                "list like 1,2,3) instead",
+                spec.adaptive and draft_sync == "lazy",
+                "--speculative-adaptive with --gate-draft-sync lazy is refused: "
+                "lazy sync's catch-up cannot follow the draft width as the depth "
+                "changes; use eager draft sync (the default)",
             ),
             (
                 spec.attn_dp_size > 1 and sglang_flag(DP_PREFILL_COORDINATION, environ),
@@ -205,8 +205,12 @@ def activate_in_scheduler(scheduler: Any, config=None):
         worker_hint="eagle_gate only gates EAGLEWorkerV2",
         config=config,
     )
-    if ACTIVE.runtime is runtime and runtime.config.depths != "off":
-        depths.install(runtime, scheduler, runtime.config.depths)
+    if ACTIVE.runtime is runtime:
+        if runtime.config.depths != "off":
+            depths.install(runtime, scheduler, runtime.config.depths)
+        elif (own := depths.operators_depths(scheduler)) is not None:
+            # the operator's own --speculative-adaptive: the gate chooses
+            depths.install(runtime, scheduler, own, operators=True)
     return runtime
 
 

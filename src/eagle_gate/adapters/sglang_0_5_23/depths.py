@@ -59,6 +59,8 @@ __all__ = [
     "install",
     "launch_args",
     "measure_build",
+    "operators_depths",
+    "operators_note",
 ]
 
 #: SGLang builds one adaptive runtime state per candidate depth here.
@@ -269,22 +271,87 @@ def launch_args(server_args: Any, setting: str) -> list[str]:
     return ["--speculative-adaptive", "--speculative-adaptive-config", path]
 
 
-def install(runtime: Any, scheduler: Any, setting: str) -> tuple[int, ...] | None:
+def _built_states(scheduler: Any) -> tuple[Any, Any, dict | None]:
+    """The worker, its ``AdaptiveController`` and the states SGLang built
+    (None where SGLang runs no adaptive speculation)."""
+    worker = getattr(scheduler, "draft_worker", None)
+    controller = getattr(worker, "adaptive_controller", None)
+    states = getattr(controller, "_states", None)
+    return worker, controller, states if isinstance(states, dict) else None
+
+
+def operators_depths(scheduler: Any) -> str | None:
+    """Where the operator passed SGLang's own ``--speculative-adaptive`` (and
+    SGLang kept it on), the depths SGLang built a state for, as a
+    ``--gate-depths`` list: the gate chooses among them per batch instead of
+    SGLang's batch-size tiers and EMA. Depth 0 is left out: SGLang's is a
+    1-token verify plus a draft extend, the gate's PLAIN a true decode; its
+    state stays built, never run. None: no adaptive speculation here."""
+    _, _, states = _built_states(scheduler)
+    if states is None:
+        return None
+    built = sorted(int(d) for d in states if int(d) >= 1)
+    return ",".join(map(str, built)) if built else None
+
+
+def operators_note(server_args: Any) -> str | None:
+    """The launcher's line where the operator's own ``--speculative-adaptive``
+    survives SGLang's resolution (None otherwise): which depths the gate will
+    choose among."""
+    from sglang.srt.speculative.adaptive_spec_params import (
+        resolve_candidate_steps_from_config,
+    )
+
+    if not getattr(server_args, "speculative_adaptive", False):
+        return None
+    try:
+        steps = resolve_candidate_steps_from_config(
+            getattr(server_args, "speculative_adaptive_config", None)
+        )
+    except Exception as exc:  # SGLang raises its own error at startup
+        return f"--speculative-adaptive: SGLang's candidate depths unknown ({exc!r})"
+    chosen = sorted({int(d) for d in steps if int(d) >= 1})
+    zero = (
+        "; SGLang's depth 0 (a 1-token verify) is built but never run: PLAIN is "
+        "the gate's true decode"
+        if 0 in {int(d) for d in steps}
+        else ""
+    )
+    return (
+        "--speculative-adaptive: the gate chooses the draft depth per batch among "
+        f"SGLang's candidates {chosen} and PLAIN, from its policy, instead of "
+        f"SGLang's batch-size tiers{zero}"
+    )
+
+
+def install(
+    runtime: Any, scheduler: Any, setting: str, *, operators: bool = False
+) -> tuple[int, ...] | None:
     """Let ``runtime``'s policy choose the depths of ``setting`` on this
     scheduler's worker: checks that SGLang built a state of the right width
     for each, swaps the controller's policy object for :class:`GateDepths`
     and quiets SGLang's switch log. Returns the depths (None: binary).
-    Raises GateRefused when SGLang built no such states."""
+    Raises GateRefused when SGLang built no such states. ``operators``: the
+    states are the operator's own ``--speculative-adaptive``
+    (:func:`operators_depths`); where they leave nothing to choose the
+    controller is still taken over, pinned to the configured depth, so
+    SGLang never moves on its own."""
     configured = runtime.view.configured_depth
+    label = (
+        f"--speculative-adaptive (depths {setting})"
+        if operators
+        else f"--gate-depths {setting}"
+    )
     depths = depth_set(setting, configured)
+    worker, controller, states = _built_states(scheduler)
     if depths is None:
+        if operators and states is not None:
+            controller.params = GateDepths((configured,), configured)
+            logging.getLogger(_WORKER_LOGGER).addFilter(_DropSwitchLines())
         return None
-    worker = getattr(scheduler, "draft_worker", None)
-    controller = getattr(worker, "adaptive_controller", None)
-    states = getattr(controller, "_states", None)
-    if controller is None or not isinstance(states, dict):
+    if states is None:
         raise GateRefused(
-            f"--gate-depths {setting}: SGLang built no adaptive runtime states; "
+            f"{label}: SGLang built no adaptive runtime states; "
             "launch with python -m eagle_gate.launch, which asks SGLang for them"
         )
     missing = [d for d in depths if d not in states]
@@ -295,7 +362,7 @@ def install(runtime: Any, scheduler: Any, setting: str) -> tuple[int, ...] | Non
     ]
     if missing or wrong:
         raise GateRefused(
-            f"--gate-depths {setting}: SGLang's runtime states lack depths {missing} "
+            f"{label}: SGLang's runtime states lack depths {missing} "
             f"or verify another width at {wrong} (built: {sorted(states)})"
         )
     params = GateDepths(depths, configured)
