@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import re
 import shutil
@@ -48,6 +47,7 @@ from support.draft_state import (
     check_draft_state,
     counted_steps,
     match_columns,
+    sabotage_paths,
     spec_steps,
     tally,
 )
@@ -136,11 +136,6 @@ OPS_LOAD = [
 ]
 FLAKY = [("a policy that raises", 16), ("and the server goes on", 12)]
 SWITCH_COST_NEW = 40  # the huge-switch-cost check: a prefix of draft-0
-#: tests/support/sabotage: a partial breakage of the draft sync, switched on
-#: for the gated servers by EAGLE_GATE_TEST_SABOTAGE=<mode> (proof that the
-#: draft-state checks fail on it; never set in CI).
-SABOTAGE = os.environ.get("EAGLE_GATE_TEST_SABOTAGE", "")
-SABOTAGE_DIR = Path(__file__).resolve().parents[1] / "support" / "sabotage"
 
 
 def reference_requests() -> dict[str, tuple]:
@@ -224,7 +219,7 @@ def gated(request, spec_models, test_plugins, tmp_path_factory):
         # build the real plain-step graph runner with capture stubbed (CI only;
         # graphs stay off on CPU): test_plain_graph_runner_constructs_on_cpu
         extra["EAGLE_GATE_CI_PLAIN_GRAPHS"] = "construct"
-    pythonpath = [SABOTAGE_DIR, test_plugins] if SABOTAGE else [test_plugins]
+    pythonpath = [*sabotage_paths(), test_plugins]
     t0 = time.monotonic()
     with serve(
         target,

@@ -32,6 +32,7 @@ predictions agree at nearly every step, another's at chance level).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,18 @@ from pathlib import Path
 from support.gated_server import decision_records
 
 STEPS = 3  # draft steps per chain (== --speculative-num-steps)
+
+#: tests/support/sabotage: a partial breakage of the draft sync, switched on
+#: for the gated servers by EAGLE_GATE_TEST_SABOTAGE=<mode> (proof that the
+#: draft-state checks fail on it; never set in CI).
+SABOTAGE = os.environ.get("EAGLE_GATE_TEST_SABOTAGE", "")
+SABOTAGE_DIR = Path(__file__).resolve().parent / "sabotage"
+
+
+def sabotage_paths() -> list[Path]:
+    """The sabotage folder for a gated server's PYTHONPATH, where asked."""
+    return [SABOTAGE_DIR] if SABOTAGE else []
+
 
 # Draft state: DRAFT_REQUESTS requests decoded together (one batch: samples
 # in parallel, not more steps) through a fixed schedule of PLAIN stretches,
@@ -123,16 +136,19 @@ class OfflineDraft:
                     [draft.head(normed)[0].argmax(-1).tolist() for normed in res]
                 )
 
-    def accept(self, request: int, committed: int) -> int | None:
+    def accept(self, request: int, committed: int, depth: int = STEPS) -> int | None:
         """Offline accept length of ``request``'s SPEC step with ``committed``
         output tokens before it, or None where the chain runs past the known
-        sequence (the last steps of a request: capped by max_new_tokens)."""
+        sequence (the last steps of a request: capped by max_new_tokens).
+        ``depth``: the draft steps that ran (a chain draft at depth d proposes
+        the first d tokens of the deepest chain: topk 1, the same greedy
+        draft forward each step)."""
         row, pred = self.rows[request], self.preds[request]
         anchor = self.prompt_lens[request] + committed - 2
-        if anchor < 0 or anchor + STEPS + 1 > len(row) - 1:
+        if anchor < 0 or anchor + depth + 1 > len(row) - 1:
             return None
         accept = 1
-        for s in range(STEPS):
+        for s in range(depth):
             if pred[s][anchor] != row[anchor + s + 2]:
                 break
             accept += 1
@@ -151,6 +167,14 @@ class Step:
     accept: int
     request: int = -1
     offline: int | None = None
+    #: the SPEC depth that ran, and that of the column's SPEC step before
+    #: (0: none yet); equal on servers without ``--gate-depths``
+    depth: int = STEPS
+    prev_depth: int = 0
+    #: SPEC steps of the column since its depth last changed (0: at this
+    #: step; -1: never changed). A change's own draft extend is first read
+    #: by the step after it (1).
+    since_change: int = -1
 
     @property
     def differs(self) -> bool:
@@ -165,6 +189,8 @@ def spec_steps(outcomes: Sequence[dict]) -> list[Step]:
     plain_run: list[int] = []
     plain_total: list[int] = []
     longest: list[int] = []
+    last_depth: list[int] = []
+    since_change: list[int] = []
     steps: list[Step] = []
     for record in outcomes:
         lens = [int(a) for a in record["accept_lens"]]
@@ -175,8 +201,15 @@ def spec_steps(outcomes: Sequence[dict]) -> list[Step]:
             plain_run.append(0)
             plain_total.append(0)
             longest.append(0)
+            last_depth.append(0)
+            since_change.append(-1)
+        depth = int(record.get("depth") or STEPS)  # only depth servers log it
         for c, accept in enumerate(lens):
             if record["mode"] == "spec":
+                if last_depth[c] and last_depth[c] != depth:
+                    since_change[c] = 0
+                elif since_change[c] >= 0:
+                    since_change[c] += 1
                 steps.append(
                     Step(
                         c,
@@ -185,9 +218,13 @@ def spec_steps(outcomes: Sequence[dict]) -> list[Step]:
                         plain_total[c],
                         longest[c],
                         accept,
+                        depth=depth,
+                        prev_depth=last_depth[c],
+                        since_change=since_change[c],
                     )
                 )
                 plain_run[c] = 0
+                last_depth[c] = depth
             else:
                 plain_run[c] += 1
                 plain_total[c] += 1
@@ -204,7 +241,7 @@ def match_columns(steps: list[Step], offline: OfflineDraft) -> dict[int, int]:
     table = {(c, r): 0 for c in columns for r in range(n)}
     for s in steps:
         for r in range(n):
-            o = offline.accept(r, s.committed)
+            o = offline.accept(r, s.committed, s.depth)
             table[(c := s.column, r)] += int(o == s.accept)
     chosen: dict[int, int] = {}
     for (c, r), _ in sorted(table.items(), key=lambda kv: -kv[1]):
@@ -212,7 +249,7 @@ def match_columns(steps: list[Step], offline: OfflineDraft) -> dict[int, int]:
             chosen[c] = r
     for s in steps:
         s.request = chosen[s.column]
-        s.offline = offline.accept(s.request, s.committed)
+        s.offline = offline.accept(s.request, s.committed, s.depth)
     return chosen
 
 
@@ -258,14 +295,22 @@ class Tally:
 
 def tally(steps: list[Step]) -> dict[int | str, Tally]:
     """Steps by what came right before: ``n`` (a PLAIN stretch of n steps),
-    ``"spec"`` (a SPEC step) and ``"all"``. Steps whose offline answer is
-    unknown (the chain runs past the reference) are left out."""
+    ``"spec"`` (a SPEC step at the same depth), ``"deeper"`` / ``"shallower"``
+    (a SPEC step at a shallower / deeper depth: this step's depth went up /
+    down), ``"after change"`` (a SPEC step that changed the depth: this step
+    drafts from that step's draft extend, the first at the new width) and
+    ``"all"``. Steps whose offline answer is unknown (the chain
+    runs past the reference) are left out."""
     out: dict[int | str, Tally] = {"spec": Tally(), "all": Tally()}
     for s in steps:
         if s.offline is None:
             continue
         out["all"].steps.append(s)
         key: int | str = s.plain_before if s.plain_before else "spec"
+        if key == "spec" and s.prev_depth and s.prev_depth != s.depth:
+            key = "deeper" if s.depth > s.prev_depth else "shallower"
+        elif key == "spec" and s.since_change == 1:
+            key = "after change"
         out.setdefault(key, Tally()).steps.append(s)
     return out
 
@@ -277,20 +322,36 @@ def draft_pattern() -> str:
     return ",".join(parts)
 
 
-def planned_new_tokens(offline: OfflineDraft, request: int) -> int:
+def pattern_steps(pattern: str) -> list[int]:
+    """The schedule policy's pattern (``s<N>``, ``s<N>@<D>``, ``p<N>``) as one
+    depth per step: 0 PLAIN, ``STEPS`` for a SPEC step without a depth."""
+    out: list[int] = []
+    for part in pattern.split(","):
+        count, _, depth = part[1:].partition("@")
+        out += [0 if part[0] == "p" else int(depth or STEPS)] * int(count)
+    return out
+
+
+def stretches(pattern: str) -> list[int]:
+    """The PLAIN stretches of ``pattern``, in order."""
+    return [int(p[1:]) for p in pattern.split(",") if p[0] == "p"]
+
+
+def planned_new_tokens(
+    offline: OfflineDraft, request: int, pattern: str | None = None
+) -> int:
     """Tokens ``request`` needs to run through the whole schedule with a draft
     in step (the offline accept lengths), plus a margin: its last SPEC steps'
     chains stay inside the reference, and it is still decoding when the
     schedule ends (a request that leaves early would shift the batch)."""
     committed = 1
-    for part in draft_pattern().split(","):
-        for _ in range(int(part[1:])):
-            if part[0] == "p":
-                committed += 1
-            else:
-                accept = offline.accept(request, committed)
-                assert accept is not None, "DRAFT_NEW is too short for the schedule"
-                committed += accept
+    for depth in pattern_steps(pattern or draft_pattern()):
+        if not depth:
+            committed += 1
+        else:
+            accept = offline.accept(request, committed, depth)
+            assert accept is not None, "DRAFT_NEW is too short for the schedule"
+            committed += accept
     assert committed + 8 <= DRAFT_NEW, "DRAFT_NEW is too short for the schedule"
     return committed + 8
 
@@ -329,24 +390,33 @@ def check_draft_state(
     offline: OfflineDraft,
     reference_outputs: Sequence[Sequence[int]],
     label: str,
+    pattern: str | None = None,
 ) -> dict:
     """The draft-state check on a live gated server (its policy is set to the
-    fixed ``draft_pattern`` schedule): every request's every SPEC step against
+    fixed ``pattern`` schedule, by default ``draft_pattern()``; one with
+    depths, ``s<N>@<D>``, needs a ``--gate-depths`` server and eager sync):
+    every request's every SPEC step against
     the same draft offline, with the margins above; ``none`` as the positive
     control. ``reference_outputs``: the greedy answers of a server without
     speculation to ``DRAFT_PROMPTS`` (at least ``DRAFT_NEW`` tokens); ``label``
     begins the printed note. The first ``len(offline.rows)`` of
     ``DRAFT_PROMPTS`` decode together (the positive control ``none`` needs
     fewer samples than the exactness margins). Returns the tallies (``all``,
-    ``since``, ``by``) and ``served_s``."""
+    ``since``, ``by``) and ``served_s``. With depths, SPEC steps right after
+    a depth change (``deeper``, ``shallower``) are held to the margins of
+    those right after a PLAIN stretch, each class on its own."""
     from support.gated_server import generate_many, scheduler_status, set_policy
     from support.timings import note
 
+    pattern = pattern or draft_pattern()
+    gaps = stretches(pattern)
+    several = len(set(pattern_steps(pattern)) - {0}) > 1
+    changes = ("deeper", "shallower", "after change") if several else ()
     n_requests = len(offline.rows)
-    wants = [planned_new_tokens(offline, r) for r in range(n_requests)]
+    wants = [planned_new_tokens(offline, r, pattern) for r in range(n_requests)]
     start = scheduler_status(base_url)  # settled: compared exactly below
     first_step = int(start["step"])
-    set_policy(base_url, "schedule", pattern=draft_pattern(), repeat=False)
+    set_policy(base_url, "schedule", pattern=pattern, repeat=False)
     t0 = time.monotonic()
     requests = list(zip(DRAFT_PROMPTS[:n_requests], wants, strict=True))
     results = generate_many(base_url, requests)
@@ -361,11 +431,11 @@ def check_draft_state(
     assert end["draft_extend_path"]["graph"] == 0
     extends = end["draft_extend_path"]["eager"] - start["draft_extend_path"]["eager"]
     plain = end["steps"]["plain"] - start["steps"]["plain"]
-    assert plain == sum(STRETCHES)
+    assert plain == sum(gaps)
     if draft_sync == "eager":
         assert extends == plain
     elif draft_sync == "lazy":
-        assert extends == len(STRETCHES)
+        assert extends == len(gaps)
     else:
         assert extends == 0
     records = logged_since(decision_dir, first_step, counted_steps(start, end))
@@ -373,16 +443,17 @@ def check_draft_state(
     assert max(len(r["accept_lens"]) for r in outcomes) == n_requests
     steps = spec_steps(outcomes)
     match_columns(steps, offline)
-    window = STEPS + 1 if draft_sync == "lazy" else sum(STRETCHES)
+    window = STEPS + 1 if draft_sync == "lazy" else sum(gaps)
     known = [s for s in steps if s.offline is not None]
     exact = [s for s in known if s.longest_gap <= window]
     beyond = Tally([s for s in known if s.longest_gap > window])
     by = tally(exact)
-    resumed = Tally([s for n in STRETCHES if n in by for s in by[n].steps])
+    lengths = sorted(set(gaps), key=gaps.index)
+    resumed = Tally([s for n in lengths if n in by for s in by[n].steps])
     untouched = Tally([s for s in exact if not s.plain_so_far])
     since = Tally([s for s in exact if s.plain_so_far])  # any stretch before
     table = " | ".join(
-        f"{k}: {by[k].describe()}" for k in (*STRETCHES, "spec") if k in by
+        f"{k}: {by[k].describe()}" for k in (*lengths, "spec", *changes) if k in by
     )
     note(
         f"{label} SPEC steps against the offline draft, "
@@ -400,12 +471,18 @@ def check_draft_state(
     if draft_sync == "none":
         assert resumed.share >= MIN_NONE_DIFFER_SHARE, table
         return result
-    for n in STRETCHES:
+    for n in lengths:
         if n <= window:
             assert by[n].n >= n_requests, (n, table)
             assert by[n].share <= MAX_DIFFER_EACH, (n, table)
     assert resumed.share <= MAX_DIFFER_SHARE, (resumed.describe(), table)
     assert by["spec"].share <= MAX_DIFFER_SHARE, table
+    for change in changes:  # right after the depth went up / down, and next
+        # the margin of a class its size (as above: 32+ samples are pooled)
+        tally_ = by[change]
+        assert tally_.n >= n_requests, (change, table)
+        most = MAX_DIFFER_EACH if tally_.n < 4 * n_requests else MAX_DIFFER_SHARE
+        assert tally_.share <= most, (change, table)
     # a stale position shifts near-tied proposals only, in both directions,
     # but on balance it loses accept length: every step after the first
     # stretch, pooled

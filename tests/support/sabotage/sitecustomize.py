@@ -20,7 +20,25 @@ Modes (each leaves the counters as a correct run would show them):
   oldest position of the gap stays stale);
 * ``lazy_drop_newest``: lazy's catch-up stops one position short of each gap
   longer than one (the newest position stale, the next draft input taken one
-  position early: an off-by-one at the end of the window).
+  position early: an off-by-one at the end of the window);
+* ``plain_configured_width`` (``--gate-depths`` servers, SGLang 0.5.23): the
+  plain step lays its result and the draft extend's hidden rows and KV slots
+  out at the *configured* width instead of the active depth's (as if it read
+  the width once at startup and missed SGLang's depth switches), while
+  SGLang's draft extend gathers at the active width: after a SPEC step at a
+  shallower depth, the draft reads other rows and writes other KV slots;
+* ``skip_extend_width``: the first draft extend after each depth switch reads
+  the verify's rows at the old depth's width (row ``i * old + j`` where
+  SGLang's gather expects ``i * new + j``; clamped, so nothing fails): the
+  draft KV of that step's positions and the next draft input come from other
+  positions or requests. The plain step's draft extend counts too (it runs
+  under the active state).
+
+``plain_configured_width`` is loud: the plain step's result and its draft
+extend disagree on the row count, the step fails, the gate runs SGLang's
+stock step in its place and after three failures in a row degrades (the
+test fails on the PLAIN step count). ``skip_extend_width`` is silent: only
+the draft-state check sees it.
 """
 
 from __future__ import annotations
@@ -32,7 +50,8 @@ import sys
 #: touches only its own sync)
 MODES = [m for m in os.environ.get("EAGLE_GATE_TEST_SABOTAGE", "").split(",") if m]
 LAZY = ("lazy_short", "lazy_drop_newest")
-KNOWN = ("skip_alternate_extend", "prev_hidden", *LAZY)
+DEPTHS = ("plain_configured_width", "skip_extend_width")
+KNOWN = ("skip_alternate_extend", "prev_hidden", *LAZY, *DEPTHS)
 
 
 def _install() -> None:
@@ -45,6 +64,9 @@ def _install() -> None:
                 f"EAGLE_GATE_TEST_SABOTAGE: {mode!r} is not one of {KNOWN}"
             )
     print(f"[eagle_gate test sabotage] pid {os.getpid()}: {MODES}", file=sys.stderr)
+    if any(m in DEPTHS for m in MODES):
+        _install_depths([m for m in MODES if m in DEPTHS])
+        return
 
     lazy = [m for m in MODES if m in LAZY]
     if lazy:
@@ -104,6 +126,55 @@ def _install() -> None:
 
     step_mod.plain_step = plain_step
     step_mod.draft_extend = draft_extend
+
+
+def _install_depths(modes: list[str]) -> None:
+    from eagle_gate.adapters.plain import step as step_mod
+
+    if "plain_configured_width" in modes:
+        real_plain_step = step_mod.plain_step
+
+        def plain_step(parts, worker, batch, *args, **kwargs):
+            # the top-level worker's width is what the plain step reads; the
+            # draft worker's (SGLang's draft extend) stays the active one
+            states = worker.adaptive_controller._states
+            active = worker.speculative_num_draft_tokens
+            worker.speculative_num_draft_tokens = max(
+                s.speculative_num_draft_tokens for s in states.values()
+            )
+            try:
+                return real_plain_step(parts, worker, batch, *args, **kwargs)
+            finally:
+                worker.speculative_num_draft_tokens = active
+
+        step_mod.plain_step = plain_step
+    if "skip_extend_width" in modes:
+        import torch
+        from sglang.srt.speculative import eagle_worker_v2 as ew
+
+        real_apply = ew.EAGLEWorkerV2.apply_runtime_state
+        real_extend = ew.EagleDraftWorker._draft_extend_for_decode
+        pending: dict[int, int] = {}  # id(draft worker) -> the old width
+
+        def apply_runtime_state(self, state):
+            old = self._draft_worker.speculative_num_draft_tokens
+            real_apply(self, state)
+            if state.speculative_num_draft_tokens != old:
+                pending[id(self._draft_worker)] = old
+
+        def draft_extend_for_decode(self, batch, batch_result, *args, **kwargs):
+            old = pending.pop(id(self), None)
+            hidden = batch_result.logits_output.hidden_states
+            if old is not None and hidden is not None:
+                new = self.speculative_num_draft_tokens
+                rows = torch.arange(hidden.shape[0], device=hidden.device)
+                request, j = rows // new, rows % new
+                source = (request * old + j).clamp(max=hidden.shape[0] - 1)
+                batch_result.logits_output.hidden_states = hidden[source]
+            return real_extend(self, batch, batch_result, *args, **kwargs)
+
+        ew.EAGLEWorkerV2.apply_runtime_state = apply_runtime_state
+        ew.EagleDraftWorker._draft_extend_for_decode = draft_extend_for_decode
 
 
 if MODES:
