@@ -254,12 +254,11 @@ def test_goodput_depths_settles_on_the_depth_it_rates_highest(
     home = int(estimates["home_depth"])
     assert home in rates and len(rates) >= 2, estimates
     if estimates["spec_home"]:
-        # SPEC at the home depth: no other depth beats it by the 5% a move
-        # needs (goodput_depths._DEPTH_MARGIN). At PLAIN the layer moves the
-        # home depth only where that turns goodput's decision (by design), and
-        # goodput's PLAIN/SPEC choice is judged by the goodput tests. The
-        # depth was last looked at up to 4 steps before the status was read:
-        # 10% slack, not the bare 5%
+        # SPEC at the home depth: no other depth beats it by the 2% a move
+        # needs (goodput_depths._DEPTH_MARGIN); at PLAIN the PLAIN/SPEC
+        # choice is goodput's, judged by the goodput tests. The depth was
+        # last looked at up to 8 steps (_CHECK_EVERY) before the status was
+        # read, and the rates are noisy on a loaded CPU: 10% slack
         assert rates[home] * 1.10 >= max(rates.values()), (home, rates)
     note(
         f"SGLang 0.5.23: goodput-depths live: home depth {home}, SPEC ran at "

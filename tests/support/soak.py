@@ -12,9 +12,12 @@ that SGLang turns into an abort inside a running overlap step), and bad input
 (negative and huge ``max_new_tokens``, a prompt past the context, malformed
 JSON, out-of-range sampling values). Meanwhile the gate's policy changes every
 ``PHASE_S`` seconds through runtime control: goodput, PLAIN every step
-(``never``), SPEC every step, ``threshold``, a seeded random switcher, and
-``never`` in shadow mode, so aborts and disconnects land in PLAIN and SPEC
-stretches alike.
+(``never``), SPEC every step, ``threshold``, a seeded random switcher (on a
+server with ``--gate-depths``, the EAGLE-3 traffic server on 0.5.23, it also
+draws each SPEC step's depth), ``never`` in shadow mode,
+``goodput-depths`` and a schedule of depths 1, 2, 3 and PLAIN by turns, so
+aborts and disconnects land in PLAIN and SPEC stretches, and at every depth,
+alike (on a depth server the figures count the steps by depth).
 
 At the end (:func:`soak_and_check`): the server is alive; every request got a
 200 or a 4xx (every bad input a 4xx; dropped streams get no answer by design);
@@ -51,7 +54,7 @@ VERSION = sglang_env.version()
 #: the soak's length; ``EAGLE_GATE_SOAK_S`` runs a longer one by hand.
 SOAK_S = float(os.environ.get("EAGLE_GATE_SOAK_S", "45"))
 CLIENTS = 6
-PHASE_S = 8.0
+PHASE_S = 5.5  # every phase within SOAK_S
 SEED = 21
 CONTEXT = 2048  # the tiny target's max_position_embeddings
 
@@ -67,6 +70,10 @@ PHASES = [
     ),
     ("coin", {"seed": 5, "plain_share": 0.5}, False),
     ("never", {}, True),
+    ("goodput-depths", {}, False),
+    # depths 1, 2, 3 and PLAIN by turns (the depths are ignored on a binary
+    # server: SPEC at its configured depth)
+    ("schedule", {"pattern": "s1@1,p1,s1@2,s1@3"}, False),
 ]
 
 #: greedy requests: (name, prompt, max_new_tokens)
@@ -401,6 +408,10 @@ def soak_and_check(url: str, read_log: Callable[[], str], references: dict) -> d
         if v - before["overrides"].get(k, 0)
     }
     errors = after["policy_errors"] - before["policy_errors"]
+    by_depth = {
+        d: n["steps"] - before["depths"]["per_depth"][d]["steps"]
+        for d, n in after.get("depths", {}).get("per_depth", {}).items()
+    }
     figures = {
         "seconds": round(elapsed),
         "requests by kind": dict(led.sent),
@@ -415,6 +426,7 @@ def soak_and_check(url: str, read_log: Callable[[], str], references: dict) -> d
         "policy changes": len(changes),
         "alive after idle check": alive,
         "steps": steps,
+        "steps by depth": by_depth,
         "decisions": decisions,
         "overrides": overrides,
         "policy errors": errors,
@@ -448,6 +460,9 @@ def soak_and_check(url: str, read_log: Callable[[], str], references: dict) -> d
         decisions["spec"] + decisions["plain"] + errors + overrides.get("degraded", 0)
     ), figures
     assert steps["plain"] > 0 and steps["spec"] > 0, figures
+    if by_depth:  # a depth server: the schedule phase ran 3 depths
+        assert sum(by_depth.values()) == steps["spec"] + steps["plain"], figures
+        assert sum(n > 0 for d, n in by_depth.items() if d != "0") >= 2, figures
     assert errors == 0
     assert after["plain_step_failures"] == before["plain_step_failures"]
     assert after["internal_errors"] == before["internal_errors"]

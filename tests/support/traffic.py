@@ -59,6 +59,10 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
 
+#: the EAGLE-3 traffic server's SPEC depths on SGLang 0.5.23 (configured 3)
+TRAFFIC_DEPTHS = (1, 2, 3)
+
+
 @dataclass
 class TrafficServers:
     gated: Server
@@ -94,6 +98,9 @@ def traffic_servers(spec_models, test_plugins, tmp_path_factory) -> Iterator:
         "--gate-draft-sync", "eager",
         "--gate-status-dir", str(root / "status"),
     ]  # fmt: skip
+    if sglang_version() == "0.5.23":
+        # depths switch under the soak's and the sampling test's traffic
+        gate_args += ["--gate-depths", ",".join(map(str, TRAFFIC_DEPTHS))]
     genv = {
         "EAGLE_GATE_CONTROL_EVERY": "1",
         "EAGLE_GATE_OPS_INTERVAL_S": "0.2",

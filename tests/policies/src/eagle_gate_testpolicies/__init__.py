@@ -11,7 +11,9 @@ plugin, through the ``eagle_gate`` entry point.
   stretches of known lengths. ``s<N>@<D>`` runs those SPEC steps at draft
   depth ``D`` (a server with ``--gate-depths``; ``view.depth``).
 * ``coin``: a seeded random switcher (``seed``, ``plain_share``), a
-  deterministic function of the step.
+  deterministic function of the step; on a server with ``--gate-depths``
+  each SPEC step also draws its depth from ``view.depths`` (a second draw:
+  the modes are the same as on a binary server).
 * ``flaky``: PLAIN, but ``decide`` raises on every ``every``-th step from
   ``from_step`` on (a policy that fails mid-run).
 """
@@ -83,8 +85,12 @@ class Coin:
         self.plain_share = plain_share
 
     def decide(self, view: eagle_gate.StepView) -> Mode:
-        draw = random.Random(self.seed * 1_000_003 + view.step).random()
-        return Mode.PLAIN if draw < self.plain_share else Mode.SPEC
+        rng = random.Random(self.seed * 1_000_003 + view.step)
+        if rng.random() < self.plain_share:
+            return Mode.PLAIN
+        if len(view.depths) > 1:
+            view.depth = rng.choice(view.depths)
+        return Mode.SPEC
 
     def observe(self, outcome: eagle_gate.StepOutcome) -> None:
         pass
