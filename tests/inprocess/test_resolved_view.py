@@ -209,16 +209,19 @@ def test_the_worker_sglang_built_is_judged_too():
 
 
 @ON_0_5_23
-def test_adaptive_is_refused_only_while_sglang_keeps_it_on(llama):
+def test_adaptive_is_judged_as_sglang_keeps_it(llama):
     """0.5.23 switches --speculative-adaptive off itself where adaptive cannot
     run (here: topk 2); the gate then judges what is left (the tree), not
-    the flag. Kept on (no shape flags), adaptive is refused."""
+    the flag. Kept on (no shape flags), the gate takes it over with eager
+    sync (it chooses among SGLang's depths) and refuses it with lazy sync."""
     _, on = resolve(
         llama, "--speculative-algorithm", "EAGLE3", "--speculative-adaptive"
     )
     assert on.adaptive and on.topk == 1
-    with pytest.raises(GateRefused, match="--speculative-adaptive is SGLang's own"):
-        ADAPTER.check_spec(on, ENV)
+    gated, _ = ADAPTER.check_spec(on, ENV, draft_sync="eager")
+    assert gated
+    with pytest.raises(GateRefused, match="--speculative-adaptive with --gate-draft"):
+        ADAPTER.check_spec(on, ENV, draft_sync="lazy")
     _, off = resolve(
         llama,
         *("--speculative-algorithm", "EAGLE3", "--speculative-adaptive"),
