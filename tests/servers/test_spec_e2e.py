@@ -746,7 +746,19 @@ def _refusal_cases():
     ]
     if VERSION == "0.5.23":
         cases += [
-            (["--speculative-adaptive"], {}, "--speculative-adaptive"),
+            # SGLang's own adaptive speculation is taken over with eager sync
+            # (tests/servers/test_depths_e2e.py), refused with lazy, and
+            # refused beside --gate-depths (one owner of the depth set)
+            (
+                ["--speculative-adaptive", "--gate-draft-sync", "lazy"],
+                {},
+                "--speculative-adaptive with --gate-draft-sync lazy is refused",
+            ),
+            (
+                ["--speculative-adaptive", "--gate-depths", "1,3"],
+                {},
+                "--gate-depths 1,3 with --speculative-adaptive",
+            ),
             (
                 ["--speculative-use-rejection-sampling", "--gate-draft-sync", "none"],
                 {},
