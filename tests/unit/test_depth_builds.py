@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import wrapt
 
-from eagle_gate import Mode
 from eagle_gate.adapters import sglang_0_5_23
 from eagle_gate.adapters.sglang_0_5_23 import depths as adapter_depths
 from eagle_gate.config import GateConfig
+from eagle_gate.policies import AlwaysSpec
 from eagle_gate.runtime import GateRuntime
 
 GIB = 1 << 30
@@ -145,23 +145,13 @@ def scheduler_with(worker) -> SimpleNamespace:
     return SimpleNamespace(draft_worker=worker)
 
 
-class Spec:
-    name = "spec"
-
-    def decide(self, view):
-        return Mode.SPEC
-
-    def observe(self, outcome):
-        pass
-
-
 def test_install_hands_the_measured_builds_to_the_status():
     worker = FakeWorker()
     worker.build_adaptive_runtime_state(1, 2)
     worker.build_adaptive_runtime_state(2, 3)
     rt = GateRuntime(
-        GateConfig(policy="spec"),
-        Spec(),
+        GateConfig(policy="always"),
+        AlwaysSpec(),
         sglang_version="0.5.23",
         adapter="test",
         num_draft_tokens=4,

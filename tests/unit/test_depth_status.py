@@ -14,6 +14,7 @@ from support.plain_stub import OPEN_PLAIN_STEP
 from eagle_gate import Mode
 from eagle_gate.config import GateConfig
 from eagle_gate.depth_stats import BUILD_KEYS, COUNT_KEYS, DepthStats
+from eagle_gate.policies import AlwaysSpec
 from eagle_gate.runtime import GateRuntime
 from eagle_gate.status_record import status_record
 
@@ -29,20 +30,10 @@ BUILD_1 = {
 }
 
 
-class Spec:
-    name = "spec"
-
-    def decide(self, view):
-        return Mode.SPEC
-
-    def observe(self, outcome):
-        pass
-
-
 def runtime(depths=(1, 2, 3), builds=None) -> GateRuntime:
     rt = GateRuntime(
-        GateConfig(policy="spec"),
-        Spec(),
+        GateConfig(policy="always"),
+        AlwaysSpec(),
         sglang_version="test",
         adapter="test",
         num_draft_tokens=4,
@@ -135,6 +126,7 @@ METRICS_PROBE = r"""
 import sys
 from types import SimpleNamespace
 from eagle_gate.config import GateConfig
+from eagle_gate.policies import AlwaysSpec
 from eagle_gate.metrics import GateMetrics
 from eagle_gate.policy import Mode
 from eagle_gate.runtime import GateRuntime

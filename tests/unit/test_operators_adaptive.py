@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from eagle_gate import Mode
 from eagle_gate.adapters.sglang_0_5_23 import depths as adapter_depths
 from eagle_gate.config import GateConfig
+from eagle_gate.policies import AlwaysSpec
 from eagle_gate.runtime import GateRuntime
 
 
@@ -32,20 +32,10 @@ def scheduler_with(built: tuple[int, ...]) -> SimpleNamespace:
     return SimpleNamespace(draft_worker=SimpleNamespace(adaptive_controller=controller))
 
 
-class Spec:
-    name = "spec"
-
-    def decide(self, view):
-        return Mode.SPEC
-
-    def observe(self, outcome):
-        pass
-
-
 def runtime() -> GateRuntime:
     return GateRuntime(
-        GateConfig(policy="spec"),
-        Spec(),
+        GateConfig(policy="always"),
+        AlwaysSpec(),
         sglang_version="0.5.23",
         adapter="test",
         num_draft_tokens=4,  # configured depth 3

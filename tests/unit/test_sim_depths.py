@@ -230,6 +230,11 @@ def _tok(prof, sc, policy) -> float:
     return Simulator(prof, sc).run(policy).tok_s
 
 
+def _ema_plain_and_depth_1(prof, sc) -> list[float]:
+    """sglang-ema's, PLAIN's and fixed depth 1's tok/s (ema first)."""
+    return [_tok(prof, sc, p) for p in (EmaTier(), NeverSpec(), FixedDepth(1))]
+
+
 def test_goodput_depths_reaches_the_depth_oracle_at_c100_on_single_gpu_8b():
     # depth 1 at batch 100 is 1.43x PLAIN and 1.58x depth 5 (the configured
     # one); the first goodput-depths never looked at it from PLAIN: 0.79
@@ -264,8 +269,7 @@ def test_goodput_depths_beats_sglang_ema_where_ema_beats_goodput():
 
     prof, sc = _quick_row("close-plain-3", "close", "C=32")
     gd = _tok(prof, sc, GoodputDepths())
-    others = [_tok(prof, sc, EmaTier()), _tok(prof, sc, NeverSpec())]
-    others.append(_tok(prof, sc, FixedDepth(1)))
+    others = _ema_plain_and_depth_1(prof, sc)
     assert gd >= 0.99 * max(others) and gd > others[0], (gd, others)
 
 
@@ -282,8 +286,7 @@ def test_goodput_depths_at_least_the_best_of_ema_fixed_depths_and_plain():
 
     prof, sc = _quick_row("close-spec-5", "close", "C=4..64", seed=1)
     gd = _tok(prof, sc, GoodputDepths())
-    others = [_tok(prof, sc, EmaTier()), _tok(prof, sc, NeverSpec())]
-    others.append(_tok(prof, sc, FixedDepth(1)))
+    others = _ema_plain_and_depth_1(prof, sc)
     assert gd >= max(others), (gd, others)
 
 
@@ -303,9 +306,10 @@ def test_goodput_depths_within_1_percent_of_goodput_at_c250_on_seed_pcie():
 @pytest.mark.xfail(
     strict=True,
     reason="close-spec-5 C=8: 0.970 x binary goodput on seed 0, 0.978 over "
-    "seeds 0-4, 0.989 held out (the first version: 0.999): at batch 4-8 PLAIN "
-    "and depths 1 and 3 are within 5% of each other, under 12% step noise, "
-    "and goodput-depths moves between depths 1 and 3 on noise",
+    "seeds 0-4, 0.989 held out (the first version: 0.999): after the opening "
+    "move to depth 1, depth 3's step-time line (~15 early samples) predicts "
+    "it 7% slower than it is, and no depth probe refreshes it while "
+    "goodput's PLAIN probes keep the budget low (docs/goodput.md)",
 )
 def test_goodput_depths_within_1_percent_of_goodput_at_close_spec_5_c8():
     from eagle_gate.goodput_depths import GoodputDepths
