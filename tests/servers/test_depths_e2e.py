@@ -44,6 +44,7 @@ from support.draft_state import (
     sabotage_paths,
 )
 from support.gated_server import (
+    decision_records,
     generate_many,
     metrics_text,
     scheduler_status,
@@ -76,13 +77,7 @@ DEPTH_REQUESTS = 4
 
 
 def outcomes(log_dir) -> list[dict]:
-    records = []
-    for path in sorted(log_dir.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("kind") == "outcome":
-                records.append(record)
-    return records
+    return [r for r in decision_records(log_dir) if r["kind"] == "outcome"]
 
 
 def check_depth_counts(record: dict, records: list[dict], scrape: str) -> None:

@@ -32,6 +32,8 @@ predictions agree at nearly every step, another's at chance level).
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import time
 from collections.abc import Sequence
@@ -322,19 +324,37 @@ def draft_pattern() -> str:
     return ",".join(parts)
 
 
+#: the test-only policies' source (``schedule`` reads the patterns below)
+TEST_POLICIES = Path(__file__).resolve().parents[1] / "policies" / "src"
+
+
+@functools.cache
+def _parse_steps():
+    """``eagle_gate_testpolicies.parse_steps``, loaded once from the source."""
+    init = TEST_POLICIES / "eagle_gate_testpolicies" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("_schedule_patterns", init)
+    policies = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(policies)
+    return policies.parse_steps
+
+
 def pattern_steps(pattern: str) -> list[int]:
     """The schedule policy's pattern (``s<N>``, ``s<N>@<D>``, ``p<N>``) as one
-    depth per step: 0 PLAIN, ``STEPS`` for a SPEC step without a depth."""
-    out: list[int] = []
-    for part in pattern.split(","):
-        count, _, depth = part[1:].partition("@")
-        out += [0 if part[0] == "p" else int(depth or STEPS)] * int(count)
-    return out
+    depth per step: 0 PLAIN, ``STEPS`` for a SPEC step without a depth. Read
+    by the policy's own parser, so the check plans exactly the steps the
+    server's policy runs."""
+    from eagle_gate import Mode
+
+    return [
+        0 if mode is Mode.PLAIN else (depth or STEPS)
+        for mode, depth in _parse_steps()(pattern)
+    ]
 
 
 def stretches(pattern: str) -> list[int]:
-    """The PLAIN stretches of ``pattern``, in order."""
-    return [int(p[1:]) for p in pattern.split(",") if p[0] == "p"]
+    """The PLAIN stretches of ``pattern`` (runs of PLAIN steps), in order."""
+    runs = "".join("p" if d == 0 else "s" for d in pattern_steps(pattern))
+    return [len(run) for run in runs.split("s") if run]
 
 
 def planned_new_tokens(
