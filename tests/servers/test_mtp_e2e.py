@@ -12,8 +12,8 @@ target:
 * the draft-state check of the EAGLE-3 servers (``support.draft_state``): PLAIN
   stretches of 2, 1, 4 and 8 steps between SPEC steps, outputs token-identical,
   every SPEC step's accept length against the MTP layer offline; eager sync
-  keeps it in step, and without sync (``none``, the positive control) the
-  steps after a stretch differ;
+  keeps it in step, and without sync (``none``, the positive control, run in
+  0.5.9's session only) the steps after a stretch differ;
 * the mixed-traffic soak of ``support.soak`` (sampling, logprobs, stop strings,
   n = 2, grammar, aborts, dropped streams, bad input, runtime policy changes).
 """
@@ -136,6 +136,13 @@ def test_mtp_soak_of_mixed_traffic(eager, reference):
     )
 
 
+@pytest.mark.skipif(
+    VERSION != "0.5.9",
+    reason="the MTP positive control runs in one version's session (0.5.9's, "
+    "the shorter): what it shows, that the draft-state check sees an MTP draft "
+    "left stale, is the check's and the gate's code, the same for both; "
+    "0.5.23's EAGLE-3 control (test_spec_e2e, none-overlap) runs there",
+)
 def test_mtp_draft_state_without_sync_is_caught(
     mtp_model, reference, test_plugins, tmp_path
 ):
