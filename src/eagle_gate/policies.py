@@ -6,6 +6,7 @@ third-party plugin (``builtin = "eagle_gate.policies"`` in pyproject.toml).
 
 from __future__ import annotations
 
+from eagle_gate.depths import MAX_DEPTH
 from eagle_gate.hookspecs import hookimpl
 from eagle_gate.policy import Mode, PolicyFactory, StepOutcome, StepView
 from eagle_gate.settings import Setting, SettingsError
@@ -14,11 +15,24 @@ __all__ = ["AlwaysSpec", "NeverSpec", "Threshold"]
 
 
 class AlwaysSpec:
-    """Speculate on every step: SGLang's stock behaviour, for comparison."""
+    """Speculate on every step: SGLang's stock behaviour, for comparison.
+
+    ``depth``: on a server with ``--gate-depths``, every SPEC step at this
+    draft depth instead of the configured one (one of the server's depths,
+    else each step is a policy error and runs SGLang's step); 0, the
+    default, is the configured depth. It pins a depth at runtime, e.g. to
+    time each depth on one server (``examples/validate_gpu.py`` section 5).
+    A server that cannot change depth ignores it, as the policy contract says.
+    """
 
     name = "always"
 
+    def __init__(self, depth: int = 0) -> None:
+        self.depth = depth
+
     def decide(self, view: StepView) -> Mode:
+        if self.depth:
+            view.depth = self.depth
         return Mode.SPEC
 
     def observe(self, outcome: StepOutcome) -> None:
@@ -82,6 +96,17 @@ class Threshold:
         return None
 
 
+ALWAYS_SETTINGS = {
+    "depth": Setting(
+        int,
+        0,
+        "draft depth of every SPEC step, one of the server's --gate-depths "
+        "(0: the configured depth)",
+        0,
+        MAX_DEPTH,
+    ),
+}
+
 THRESHOLD_SETTINGS = {
     "plain_above": Setting(
         int, 8, "run PLAIN when the decode batch has more requests than this", 0
@@ -102,6 +127,7 @@ def eagle_gate_policies() -> list[PolicyFactory]:
             name="always",
             create=AlwaysSpec,
             description="speculate every step (SGLang's stock behaviour)",
+            settings=ALWAYS_SETTINGS,
         ),
         PolicyFactory(
             name="never",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import pytest
 from support.metrics_probe import scrape_lines
 from support.plain_stub import OPEN_PLAIN_STEP
 
@@ -191,3 +192,34 @@ def test_a_state_built_outside_the_set_is_never_plains_cost():
     assert depths["unused_builds"] == {"0": BUILD_1}
     assert depths["per_depth"]["1"]["mib_total"] == 600.0
     assert runtime().status()["depths"]["unused_builds"] == {}
+
+
+def test_always_with_a_depth_pins_every_spec_step_to_it():
+    """``always depth=d`` (a runtime pin, validate_gpu's section 5 times
+    each depth with it): every SPEC step at ``d``; 0 is the configured depth;
+    a depth the server cannot run is a policy error (SGLang's step runs), and
+    a binary server ignores the pin."""
+    rt = runtime()
+    rt.policy = AlwaysSpec(depth=2)
+    assert [rt.decide(4, 100).depth for _ in range(3)] == [2, 2, 2]
+    rt.policy = AlwaysSpec()
+    assert rt.decide(4, 100).depth == 3
+    rt.policy = AlwaysSpec(depth=5)
+    decision = rt.decide(4, 100)
+    assert decision.mode is Mode.SPEC and rt.counters.policy_errors == 1
+    binary = runtime(depths=None)
+    binary.policy = AlwaysSpec(depth=2)
+    assert binary.decide(4, 100).mode is Mode.SPEC
+    assert binary.counters.policy_errors == 0
+
+
+def test_the_always_depth_setting_is_checked_at_launch():
+    from eagle_gate.plugins import get_policy_factory
+    from eagle_gate.settings import SettingsError
+
+    factory = get_policy_factory("always")
+    assert factory.settings["depth"].default == 0
+    with pytest.raises(SettingsError, match=r"'depth'.*-1.*in \[0, 16\]"):
+        factory.settings["depth"].coerce("depth", "-1")
+    with pytest.raises(SettingsError, match=r"'depth'.*17"):
+        factory.settings["depth"].coerce("depth", 17)
