@@ -39,16 +39,21 @@ What it checks, against real models on your GPU:
    with ``--no-graph-fallback``.
 
 5. **Per-depth step cost** (the cost model of per-batch draft depth, #33):
-   for each draft depth of ``--depths`` (default ``1,2,3,5``; ``""`` skips
-   it) a gated server at that depth (``--speculative-num-steps d
-   --speculative-num-draft-tokens d+1``, policy ``always``) and, as depth 0,
-   section 3's ``never`` server (the gate's plain step): from each one's
-   decision log, per decode batch size, the median step time, tokens per
-   request per step and tokens/s. 5b: on an SGLang with
-   ``--speculative-adaptive`` (0.5.23), one stock server with adaptive
-   speculation over the same depths, and the build time and memory SGLang
-   logs for each depth's runtime state (graphs, backends); skip with
-   ``--no-depth-memory``.
+   per decode batch size, the median step time, tokens per request per step
+   and tokens/s of each draft depth of ``--depths`` (default ``1,2,3,5``;
+   ``""`` skips it) and of depth 0, the gate's plain step, from the gate's
+   decision log. On an SGLang with adaptive runtime states (0.5.23): one gated
+   server with ``--gate-depths`` (the configured depth is added), policy
+   ``always`` pinned to each depth in turn at runtime (``depth=d``), then
+   ``never`` (a change lands at a multiple of ``EAGLE_GATE_CONTROL_EVERY``
+   decode steps: traffic runs until it has, and each step's decision-log
+   record says the depth it ran). Elsewhere (0.5.9): a gated server per depth
+   (``--speculative-num-steps d --speculative-num-draft-tokens d+1``, policy
+   ``always``) and section 3's ``never`` server. 5b (0.5.23): what each
+   depth's runtime state cost to build, as the gate measured it (status
+   ``depths.per_depth``: seconds, device MiB in all and of the verify and
+   draft graphs, captured batch sizes) beside the seconds and GB SGLang's own
+   log line gives, so the first GPU run checks one against the other.
 
 What needs a GPU: sections 3 and 4 only say something about the plain step's
 CUDA graphs where they are captured (CUDA, graphs not disabled); elsewhere
@@ -75,8 +80,9 @@ the plain step.
 
 On CPU, CI runs this script for real against SGLang's speculative path on a
 tiny model (``tests/servers/test_validate_script.py``): ``--prompts 2
---strategies eager --concurrency 1 --no-eager-plain --no-graph-fallback
---no-depth-memory`` and ``--depths 2`` on 0.5.9 (``""`` on 0.5.23) with
+--strategies eager --concurrency 1 --no-eager-plain --no-graph-fallback``
+and ``--depths 2`` on 0.5.9 (a server per depth), ``--depths 1`` on 0.5.23
+(one ``--gate-depths`` server, and 5b) with
 ``-- --device cpu --attention-backend triton ...`` and the CI-only CPU
 stand-ins of ``ci/cpu_spec`` in the environment. That checks the script and
 shows what it reports (every plain step eager, reason ``device_not_cuda``);
@@ -103,6 +109,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 PROMPTS = [
@@ -267,11 +274,6 @@ def main() -> int:
         "--depths",
         default="1,2,3,5",
         help="section 5: draft depths to time, comma-separated ('' skips it)",
-    )
-    parser.add_argument(
-        "--no-depth-memory",
-        action="store_true",
-        help="skip section 5b, the adaptive server's per-depth memory",
     )
     parser.add_argument("--out", default=None)
     parser.add_argument("server_args", nargs="*", help="after --: for every server")
@@ -487,11 +489,14 @@ def at_depth(spec: list[str], steps: int) -> list[str]:
     return shape
 
 
-def step_costs(log_dir: Path) -> dict[int, tuple[float, float, int]]:
+def step_costs(
+    log_dir: Path, depth: int | None = None
+) -> dict[int, tuple[float, float, int]]:
     """Per decode batch size: (median step seconds, mean tokens per request
     per step, steps) of the outcome records with a measured interval in the
     gate's decision logs under ``log_dir`` (TP rank 0's logs only: every TP
-    rank runs the same steps)."""
+    rank runs the same steps); with ``depth``, only the steps that ran at it
+    (a ``--gate-depths`` server's records say, 0 for PLAIN)."""
     by_bs: dict[int, list[tuple[float, float]]] = {}
     for path in sorted(log_dir.glob("*.jsonl")):
         lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -500,6 +505,8 @@ def step_costs(log_dir: Path) -> dict[int, tuple[float, float, int]]:
         for r in lines:
             bs = r.get("batch_size")
             if r.get("kind") != "outcome" or r.get("interval_s") is None or not bs:
+                continue
+            if depth is not None and r.get("depth") != depth:
                 continue
             by_bs.setdefault(bs, []).append((r["interval_s"], r["tokens"] / bs))
     return {
@@ -541,19 +548,31 @@ def depth_rows(
 def run_depths(args, gated, stock, spec, env, out, prompts, levels, never_log):
     """Section 5 (see the module doc)."""
     depths = [int(d) for d in args.depths.split(",") if d.strip()]
+    adaptive = "--speculative-adaptive" in sglang_options()
     print(
-        "\n== 5. per-depth step cost: gated (policy always) at each depth; "
-        "depth 0 = the plain step (section 3's never server)"
+        "\n== 5. per-depth step cost: policy always at each depth, depth 0 = the "
+        + (
+            "plain step (policy never), one --gate-depths server"
+            if adaptive
+            else "plain step (section 3's never server), one server per depth"
+        )
     )
-    costs = {0: step_costs(never_log)}
-    for depth in depths:
-        log_dir = out / f"decisions-depth-{depth}"
-        extra = ["--gate-decision-log", str(log_dir)]
-        cmd = gated(free_port(), "always", "eager", extra, steps=depth)
-        with server(cmd, env, out / f"depth-{depth}.log", args.startup_timeout) as b:
-            for c in levels:
-                throughput(b, c, args.max_new_tokens, prompts)
-        costs[depth] = step_costs(log_dir)
+    if adaptive:
+        costs, builds, sglang_built = time_depths_on_one_server(
+            args, gated, env, out, prompts, levels, depths
+        )
+    else:
+        costs = {0: step_costs(never_log)}
+        for depth in depths:
+            log_dir = out / f"decisions-depth-{depth}"
+            extra = ["--gate-decision-log", str(log_dir)]
+            cmd = gated(free_port(), "always", "eager", extra, steps=depth)
+            with server(
+                cmd, env, out / f"depth-{depth}.log", args.startup_timeout
+            ) as b:
+                for c in levels:
+                    throughput(b, c, args.max_new_tokens, prompts)
+            costs[depth] = step_costs(log_dir)
     print(f"{'bs':>5} {'depth':>6} {'ms/step':>9} {'tok/req':>8} {'tok/s':>9} "
           f"{'steps':>6}")  # fmt: skip
     best: dict[int, tuple[float, int]] = {}
@@ -563,26 +582,113 @@ def run_depths(args, gated, stock, spec, env, out, prompts, levels, never_log):
             best[bs] = (tps, depth)
     print("best depth per batch size:", ", ".join(
         f"bs {bs}: {d}" for bs, (_, d) in sorted(best.items())) or "-")  # fmt: skip
-    if args.no_depth_memory:
+    print("\n== 5b. what each depth's runtime state cost to build: the gate's "
+          "measurement (status) beside SGLang's log line")  # fmt: skip
+    if not adaptive:
+        print(
+            "skipped: this SGLang has no --speculative-adaptive (one depth per server)"
+        )
         return
-    print("\n== 5b. memory of SGLang's own per-depth runtime states "
-          "(stock server, --speculative-adaptive)")  # fmt: skip
-    if "--speculative-adaptive" not in sglang_options():
-        print("skipped: this SGLang has no --speculative-adaptive")
-        return
-    config = out / "adaptive-depths.json"
-    config.write_text(json.dumps({"1": {"candidate_steps": sorted({*depths})}}))
-    adaptive = ["--speculative-adaptive", "--speculative-adaptive-config", str(config)]
-    cmd = stock(free_port()) + spec + adaptive
-    log = out / "adaptive.log"
-    with server(cmd, env, log, args.startup_timeout):
-        pass
-    built = adaptive_state_costs(log.read_text(errors="replace"))
-    print(f"{'depth':>6} {'build s':>8} {'GB':>7}")
-    for depth in sorted({*depths}):
-        secs, gb = built.get(depth, (None, None))
-        shown = ("-", "-") if secs is None else (f"{secs:.2f}", f"{gb:.2f}")
-        print(f"{depth:>6} {shown[0]:>8} {shown[1]:>7}")
+    line = "{:>6} {:>8} {:>7} {:>9} {:>7} {:>7} {:>9} {:>9} {:>10}"
+    print(line.format("depth", "built", "gate s", "gate MiB", "verify", "draft",
+                      "graph bs", "SGLang s", "SGLang GB"))  # fmt: skip
+    for row in build_rows(builds, sglang_built):
+        print(line.format(*row))
+
+
+def time_depths_on_one_server(args, gated, env, out, prompts, levels, depths):
+    """Section 5 on an SGLang with adaptive runtime states: one gated server
+    with ``--gate-depths``, policy ``always`` pinned to each of its depths in
+    turn at runtime (``depth=d``), then ``never``; each step's depth comes from
+    its decision-log record, so a change that lands mid-request splits
+    exactly. Returns (costs by depth, the status's ``depths.per_depth``,
+    SGLang's logged build costs)."""
+    log_dir = out / "decisions-depths"
+    extra = ["--gate-depths", ",".join(map(str, depths)),
+             "--gate-decision-log", str(log_dir)]  # fmt: skip
+    cmd = gated(free_port(), "always", "eager", extra)
+    log = out / "depths.log"
+    with server(cmd, env, log, args.startup_timeout) as b:
+        record = gate_status(b)[0]
+        served = [int(d) for d in record["depths"]["set"]]
+
+        def traffic():
+            throughput(b, max(levels), args.max_new_tokens, prompts)
+
+        for depth in [*served, 0]:
+            if depth:
+                set_policy(b, "always", {"depth": depth}, traffic)
+            else:
+                set_policy(b, "never", {}, traffic)
+            for c in levels:
+                throughput(b, c, args.max_new_tokens, prompts)
+        time.sleep(1.5)  # the status record is rewritten about once a second
+        builds = gate_status(b)[0]["depths"]["per_depth"]
+    costs = {d: step_costs(log_dir, d) for d in [0, *served]}
+    return costs, builds, adaptive_state_costs(log.read_text(errors="replace"))
+
+
+def build_rows(builds: dict, sglang_built: dict[int, tuple[float, float]]) -> list:
+    """One row per SPEC depth of the status's ``depths.per_depth``: depth,
+    how it was built (``startup``: the configured state; ``adaptive``: one
+    SGLang built for the gate), the gate's capture seconds and MiB (device
+    memory lost in all; of it the verify and draft graphs; ``-`` where not
+    measured: memory only on CUDA), the verify-graph batch sizes, and
+    SGLang's own logged seconds and GB for the same state."""
+
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    rows = []
+    for key in sorted(builds, key=int):
+        depth, entry = int(key), builds[key]
+        if depth == 0:
+            continue
+        sizes = entry.get("verify_graph_bs") or []
+        secs, gb = sglang_built.get(depth, (None, None))
+        rows.append((
+            depth, entry.get("built", "-"), num(entry.get("capture_s"), ".2f"),
+            num(entry.get("mib_total"), ".0f"),
+            num(entry.get("mib_verify_graphs"), ".0f"),
+            num(entry.get("mib_draft_graphs"), ".0f"),
+            f"{sizes[0]}..{sizes[-1]}" if sizes else "-",
+            num(secs, ".2f"), num(gb, ".2f"),
+        ))  # fmt: skip
+    return rows
+
+
+def set_policy(
+    base: str,
+    policy: str,
+    settings: dict,
+    traffic: Callable[[], object],
+    timeout: float = 900,
+) -> None:
+    """A runtime policy change (``POST /eagle_gate/policy``; the
+    ``EAGLE_GATE_API_KEY`` environment variable is sent where set), waited
+    for: a gating scheduler applies a change at its next decode step that is a
+    multiple of ``EAGLE_GATE_CONTROL_EVERY`` (64), so ``traffic()`` is sent
+    until every status record's ``config_version`` has it. The steps before
+    it ran the old setting, and their decision-log records say so."""
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get("EAGLE_GATE_API_KEY"):
+        headers["Authorization"] = "Bearer " + os.environ["EAGLE_GATE_API_KEY"]
+    body = json.dumps({"policy": policy, "settings": settings}).encode()
+    request = urllib.request.Request(
+        base + "/eagle_gate/policy", body, headers, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:
+        if r.status != 202:
+            raise RuntimeError(f"policy change answered {r.status}")
+        version = int(json.loads(r.read())["version"])
+    deadline = time.monotonic() + timeout
+    while True:
+        time.sleep(1.5)  # status records are rewritten about once a second
+        if all(rec.get("config_version", -1) >= version for rec in gate_status(base)):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"policy change {version} not applied in {timeout} s")
+        traffic()
 
 
 def gate_status(base: str) -> list[dict]:

@@ -27,9 +27,10 @@ from support.spec_server import spec_server_env
 from support.timings import note
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "validate_gpu.py"
-#: section 5's depth server runs in one version's session: its code is the
-#: same for both, and 0.5.23's session is the longest of a CI run
-DEPTHS = "2" if sglang_env.version() == "0.5.9" else ""
+#: section 5: 0.5.9 times depth 2 on a server of its own; 0.5.23 depths 1
+#: and 3 (the configured one) on one --gate-depths server, with 5b
+DEPTHS = "2" if sglang_env.version() == "0.5.9" else "1"
+ADAPTIVE = sglang_env.version() != "0.5.9"
 
 
 def cpu_flags(model_dir) -> list[str]:
@@ -47,13 +48,15 @@ def test_validate_script_reports_identity_acceptance_and_cost(
     target, draft = spec_models
     out_dir = tmp_path / "validate"
     env = with_pythonpath(spec_server_env(launcher="gate"), test_plugins)
+    # section 5's runtime depth changes land at the next step, not the 64th
+    env["EAGLE_GATE_CONTROL_EVERY"] = "1"
     cmd = [
         sys.executable, str(SCRIPT),
         "--model-path", str(target), "--draft-model-path", str(draft),
         "--algorithm", "EAGLE3", "--num-steps", "3",
         "--prompts", "2", "--max-new-tokens", "12", "--switch-every", "3",
         "--strategies", "eager", "--concurrency", "1", "--no-eager-plain",
-        "--no-graph-fallback", "--depths", DEPTHS, "--no-depth-memory",
+        "--no-graph-fallback", "--depths", DEPTHS,
         "--startup-timeout", "400", "--out", str(out_dir),
         "--", *cpu_flags(target),
     ]  # fmt: skip
@@ -90,21 +93,32 @@ def test_validate_script_reports_identity_acceptance_and_cost(
     assert row[4] == "n/a" or int(row[4].split("/")[0]) == 0
     assert "RESULT: outputs identical with plain graphs (alternate, never)" in report
     assert "== 4d." not in report and "fallback" not in report  # skipped
-    if not DEPTHS:
-        assert "== 5." not in report  # skipped
-        return
-    # 5: per-depth step cost, depth 0 (the never server) and depth 2
-    table = report.split("== 5.")[1].split("RESULT:")[0].splitlines()
+    # 5: per-depth step cost, depth 0 (the plain step) and the timed depths
+    table = report.split("== 5.")[1].split("== 5b.")[0].splitlines()
     rows = [r.split() for r in table if r.split()[:1] and r.split()[0].isdigit()]
     by_depth = {int(r[1]): r for r in rows}
-    assert set(by_depth) == {0, 2}, table
+    timed = {0, 1, 3} if ADAPTIVE else {0, 2}
+    assert set(by_depth) == timed, table
     for depth, (bs, _, ms, per_req, tps, steps) in by_depth.items():
         assert bs == "1" and float(ms) > 0 and float(tps) > 0 and int(steps) >= 3
-        # the plain step emits one token per request; depth 2 at most three
-        assert float(per_req) == 1.0 if depth == 0 else 1.0 <= float(per_req) <= 3.0
-    assert float(by_depth[2][3]) > 1.0  # the trained draft is accepted
+        # the plain step emits one token per request; depth d at most d + 1
+        assert (
+            float(per_req) == 1.0 if depth == 0 else 1.0 <= float(per_req) <= depth + 1
+        )
+    assert float(by_depth[max(timed)][3]) > 1.0  # the trained draft is accepted
     assert "best depth per batch size: bs 1:" in report
-    assert "== 5b." not in report  # --no-depth-memory
+    section = report.split("== 5b.")[1].split("RESULT:")[0]
+    if not ADAPTIVE:
+        assert "skipped: this SGLang has no --speculative-adaptive" in section
+        return
+    # 5b: depth 1 built for the gate (its seconds, and SGLang's log line's),
+    # depth 3 the startup state; no memory measured off CUDA
+    rows = {r.split()[0]: r.split() for r in section.splitlines()[2:] if r.strip()}
+    assert set(rows) == {"1", "3"}, section
+    # (seconds: measured, about 0 without graphs to capture; SGLang's line found)
+    assert rows["1"][1] == "adaptive" and float(rows["1"][2]) >= 0, section
+    assert rows["1"][3] == "-" and float(rows["1"][7]) >= 0, section
+    assert rows["3"][1] == "startup" and rows["3"][7] == "-", section
 
 
 def load_script():
@@ -189,6 +203,27 @@ def test_validate_script_depth_helpers(tmp_path):
         "[x] Built adaptive runtime state steps=5: elapsed=1.50s, mem=-0.02GB\n"
     )
     assert v.adaptive_state_costs(log) == {1: (0.52, 0.31), 5: (1.5, -0.02)}
+    # a --gate-depths server's records carry the depth that ran: split by it
+    mixed = [{"kind": "start", "tp_rank": 0}, outcome(2, 6, 0.010) | {"depth": 3},
+             outcome(2, 2, 0.004) | {"depth": 0}, outcome(2, 3, 0.006) | {"depth": 1},
+             outcome(2, 5, 0.012) | {"depth": 3}]  # fmt: skip
+    depth_logs = tmp_path / "depth-logs"
+    depth_logs.mkdir()
+    (depth_logs / "d.jsonl").write_text("\n".join(map(json.dumps, mixed)) + "\n")
+    assert v.step_costs(depth_logs, 3) == {2: (0.011, 11 / 4, 2)}
+    assert v.step_costs(depth_logs, 0) == {2: (0.004, 1.0, 1)}
+    assert v.step_costs(depth_logs, 2) == {}
+    builds = {
+        "0": {"steps": 4},
+        "3": {"built": "startup"},
+        "1": {"built": "adaptive", "capture_s": 1.25, "mib_total": 612.4,
+              "mib_verify_graphs": 300.0, "mib_draft_graphs": 120.0,
+              "verify_graph_bs": [1, 2, 4, 8]},
+    }  # fmt: skip
+    assert v.build_rows(builds, {1: (1.3, 0.61)}) == [
+        (1, "adaptive", "1.25", "612", "300", "120", "1..8", "1.30", "0.61"),
+        (3, "startup", "-", "-", "-", "-", "-", "-", "-"),
+    ]
 
 
 def test_validate_script_finds_sglangs_graph_max_bs_flag():
