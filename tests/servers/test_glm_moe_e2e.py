@@ -187,13 +187,6 @@ def test_glm_soak_of_mixed_traffic(servers):
     changes) against the gated GLM-4.5 server, references from the server
     without speculation."""
     gated, baseline = servers
-    # About ten decode steps in the soak's 45 s on CPU, most batches holding
-    # a logprob request (a PLAIN blocker): CI once saw all six PLAIN
-    # decisions blocked. The schedule test above runs PLAIN steps on this
-    # server deterministically; here each PLAIN decision is accounted for.
     soak.soak_and_check(
-        gated.base_url,
-        gated.log_text,
-        soak.references(baseline.base_url),
-        plain_steps_required=False,
+        gated.base_url, gated.log_text, soak.references(baseline.base_url)
     )

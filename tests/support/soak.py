@@ -27,7 +27,9 @@ request with a stop string may run past it, as stock 0.5.9 EAGLE-3 does, see
 few idle seconds SGLang's strict idle memory check (on in these servers: a
 leaked KV or request slot stops it) has found every slot free; and the gate's
 counters add up (decode steps run = policy decisions + policy errors +
-degraded steps, no policy error, no plain-step failure, no internal error).
+degraded steps; every PLAIN decision ran PLAIN, was blocked with a named
+reason or was shadow mode's; no policy error, no plain-step failure, no
+internal error).
 """
 
 from __future__ import annotations
@@ -355,23 +357,20 @@ def references(base: str) -> dict:
     return {"stops": stops, "answers": answers}
 
 
-def soak_and_check(
-    url: str,
-    read_log: Callable[[], str],
-    references: dict,
-    *,
-    plain_steps_required: bool = True,
-) -> dict:
+def soak_and_check(url: str, read_log: Callable[[], str], references: dict) -> dict:
     """Run the soak against the gated server at ``url`` and assert it left
     the server whole (the module docstring says what); ``read_log`` reads the
     server's log, ``references`` is :func:`references` of a server without
     speculation of the same target. Returns the figures it noted.
 
-    ``plain_steps_required=False``: for a server that runs so few decode steps
-    in the soak (the GLM MoE server on CPU: about ten) that whether one of its
-    PLAIN decisions meets a batch without a logprob or grammar request in it
-    is chance. Every PLAIN decision is still accounted for: it ran PLAIN, was
-    overridden with a named reason, or was a shadow decision."""
+    A CPU server runs only 10-25 decode steps in the soak, most batches
+    holding a logprob or grammar request (PLAIN blockers): CI once saw the GLM
+    MoE server's 6 PLAIN decisions all blocked. So a PLAIN step is not
+    required; every PLAIN decision is accounted for instead (it ran PLAIN, was
+    overridden with a named reason, or was shadow mode's). PLAIN steps under
+    aborts and disconnects are asserted deterministically by the traffic
+    tests (``test_client_disconnects_mid_step_leak_nothing``, the abort test
+    of ``test_spec_e2e``)."""
     before = scheduler_status(url)
     soak = Soak(url, references["stops"])
     t0 = time.monotonic()
@@ -481,8 +480,6 @@ def soak_and_check(
     # ran SPEC instead and was counted, or it was shadow mode's
     assert steps["plain"] == decisions["plain"] - blocked - shadow_plain, figures
     assert decisions["plain"] > 0 and steps["spec"] > 0, figures
-    if plain_steps_required:
-        assert steps["plain"] > 0, figures
     if by_depth:  # a depth server: the schedule phase ran 3 depths
         assert sum(by_depth.values()) == steps["spec"] + steps["plain"], figures
         assert sum(n > 0 for d, n in by_depth.items() if d != "0") >= 2, figures

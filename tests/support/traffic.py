@@ -61,6 +61,19 @@ class Server:
 
 #: the EAGLE-3 traffic server's SPEC depths on SGLang 0.5.23 (configured 3)
 TRAFFIC_DEPTHS = (1, 2, 3)
+#: the baseline's attention: the gated server's (Triton, one KV split), not
+#: the other baselines' torch_native, so that sampled tokens are compared
+#: through the same kernels. At the sampling test's temperature (0.04) the
+#: two backends' rounding on near-tied logits moved a token's share enough
+#: to reach p 0.0016 and 0.00099 (alpha 0.001) in two of seven runs.
+TRAFFIC_BASELINE_ARGS = (
+    "--attention-backend", "triton",
+    "--disable-cuda-graph",
+    "--triton-attention-num-kv-splits", "1",
+)  # fmt: skip
+#: ... with Triton interpreted and the CPU stand-ins of ``ci/cpu_spec``, as
+#: the speculative servers have them (``support.spec_server.spec_server_env``)
+TRAFFIC_BASELINE_ENV = {"TRITON_INTERPRET": "1", "EAGLE_GATE_CI_SPEC": "1"}
 
 
 @dataclass
@@ -121,7 +134,13 @@ def traffic_servers(spec_models, test_plugins, tmp_path_factory) -> Iterator:
             pythonpath=[test_plugins],
             ready_timeout_s=400,
         ),
-        serve(target, root / "baseline.log", ready_timeout_s=400),
+        serve(
+            target,
+            root / "baseline.log",
+            args=TRAFFIC_BASELINE_ARGS,
+            env=TRAFFIC_BASELINE_ENV,
+            ready_timeout_s=400,
+        ),
     ]
     # both start at once (their imports and loads overlap)
     with serve_together(managers) as started:
