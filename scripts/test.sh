@@ -68,7 +68,7 @@ run_suite() {
   local start=$SECONDS
   local rc=0
   ".venv-$v/bin/python" -u -m pytest -p no:cacheprovider -W ignore::UserWarning \
-    --basetemp "${TMPDIR:-/tmp}/eagle-gate-pytest-$label-$$" --durations=15 "$@" || rc=$?
+    --basetemp "${TMPDIR:-/tmp}/eagle-gate-pytest-$label-$$" --durations=40 "$@" || rc=$?
   echo "== SGLang $v [$label]: $((SECONDS - start)) s, pytest exit $rc"
   return $rc
 }
