@@ -35,11 +35,12 @@ depth by ``_DEPTH_MARGIN``; from PLAIN, the shallowest depth may become the
 home depth before it ran near this batch (``goodput``'s probes of SPEC then
 run it: the cheapest SPEC at a large batch is the shallowest depth). From
 SPEC, the shallowest depth never run near this batch that could beat the
-home depth by the margin becomes home (tried by running it), and another
-depth known only by its prior that could is probed (``probe_steps``, on
-until two steps were timed; paid from ``goodput``'s budget, only while it is
-at least ``_DEPTH_CREDIT`` full: ``goodput``'s own probes come first). No
-move from SPEC while its acceptance rests on a prediction.
+home depth by the margin becomes home (tried by running it), and the
+shallowest other depth known only by its prior that could is probed (the
+prior is tightest there; ``probe_steps``, on until two steps were timed, at
+most ``_PROBE_MAX`` times that; paid from ``goodput``'s budget, only while
+it is at least ``_DEPTH_CREDIT`` full: ``goodput``'s own probes come first).
+No move from SPEC while its acceptance rests on a prediction.
 
 Where outcomes carry no per-position counts the layer stays at the
 configured depth. The hot path allocates nothing: per-position counts are
@@ -76,8 +77,8 @@ _POS_MIN = 8.0
 #: the last look's scale: the target moves little between looks).
 _NEWTON = 2
 #: a depth probe runs at most this many times probe_steps (while it times
-#: nothing: see _depth_probe).
-_PROBE_MAX = 4
+#: nothing: see _depth_probe; 4 cost more than the timing it bought).
+_PROBE_MAX = 3
 #: a position's scaled acceptance is capped here: goodput's acceptance at a
 #: shallow home depth may run past what its positions can give (a PLAIN-side
 #: prediction, noise), and scaling every position to certainty would make
@@ -345,6 +346,10 @@ class GoodputDepths(Goodput):
         # it from a budget goodput leaves mostly unspent
         if self._credit < _DEPTH_CREDIT * self._credit_cap:
             return 0
+        for d in depths:  # (the shallowest such: its prior is the tightest)
+            if d != home and not known[d] and rate[d] > bar:
+                best = d
+                break
         n = self.probe_steps
         t = exp[best] / rate[best]
         if not self._afford(n * t, n * t, _PROBE_MAX * n * t):

@@ -193,7 +193,7 @@ def _feed(pol, view, step, depth, b=8, dt=0.01, at_least=(4, 2, 1)):
 def test_a_depth_probe_runs_until_two_of_its_steps_were_timed():
     # at large batches most steps follow a prefill and go untimed: a probe of
     # probe_steps steps may time nothing, and a look that timed nothing told
-    # nothing; it goes on (to 4x probe_steps) until two steps were timed
+    # nothing; it goes on (to 3x probe_steps) until two steps were timed
     pol = GoodputDepths()
     view = StepView(num_draft_tokens=4, depths=(1, 3, 5, 7))
     pol.decide(view.update(batch_size=8, step=0, seq_len_sum=0))
@@ -225,6 +225,44 @@ def test_a_depth_probe_runs_until_two_of_its_steps_were_timed():
         else:
             break
     assert ran == pol.probe_steps
+    # where none of its steps is timed it stops at 3x probe_steps: the steps
+    # past that cost more than the timing they might buy (single-gpu-8b
+    # C=250: 4x ran 12 steps of a depth ~25% behind, 0.978 x depth-oracle
+    # on seed 0; 3x 0.984)
+    pol._d_times[1] = type(pol._d_times[1])()
+    pol._credit = 10.0
+    pol._depth_probe(1, 100)
+    ran = 1
+    for step in range(101, 140):
+        if pol._dprobe_left and pol._probe_on():
+            ran += 1
+            pol.observe(outcome(step, 1, (4,), dt=None))
+        else:
+            break
+    assert ran == 3 * pol.probe_steps, ran
+
+
+def test_a_probe_beyond_the_deepest_line_takes_the_shallowest_depth_it_could():
+    # single-gpu-8b C=250: once depth 1 ran, depths 3, 5 and 7 are rated
+    # only by a prior, the segment from PLAIN to depth 1 extended (a lower
+    # bound, loosest for the deepest): 5 looked best and was probed (12
+    # steps, mostly untimed, at half depth 1's tokens/s). The probe takes
+    # the shallowest depth whose prior beats the home depth, 3 here, whose
+    # timing then rates 5 and 7 from a nearer segment
+    prof, sc = _grid("single-gpu-8b", 250)
+    ran = []
+
+    class Rec(GoodputDepths):
+        __slots__ = ()
+
+        def observe(self, outcome):
+            ran.append((outcome.mode, outcome.depth))
+            super().observe(outcome)
+
+    Simulator(prof, sc).run(Rec())
+    after = set(ran[ran.index((Mode.SPEC, 1)) :])
+    assert (Mode.SPEC, 3) in after
+    assert not after & {(Mode.SPEC, 5), (Mode.SPEC, 7)}, sorted(after)
 
 
 def test_the_acceptance_scale_leaves_the_cap():
