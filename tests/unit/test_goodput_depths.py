@@ -213,33 +213,28 @@ def test_a_depth_probe_runs_until_two_of_its_steps_were_timed():
     # (outcomes here arrive at once: it stops after the second timed one)
     assert ran == 9, ran
     assert pol._d_times[1].k == 2
-    # where its steps are timed, a probe is probe_steps long
-    pol._d_times[1] = type(pol._d_times[1])()
-    pol._credit = 10.0
-    pol._depth_probe(1, 50)
-    ran = 1
-    for step in range(51, 80):
-        if pol._dprobe_left and pol._probe_on():
+
+    def fresh_probe(start: int, dt: float | None) -> int:
+        """Steps a new probe of depth 1 from ``start`` runs, each timed
+        ``dt`` (None: untimed)."""
+        pol._d_times[1] = type(pol._d_times[1])()
+        pol._credit = 10.0
+        pol._depth_probe(1, start)
+        ran = 1
+        for step in range(start + 1, start + 40):
+            if not (pol._dprobe_left and pol._probe_on()):
+                break
             ran += 1
-            pol.observe(outcome(step, 1, (4,)))
-        else:
-            break
-    assert ran == pol.probe_steps
+            pol.observe(outcome(step, 1, (4,), dt=dt))
+        return ran
+
+    # where its steps are timed, a probe is probe_steps long
+    assert fresh_probe(50, 0.01) == pol.probe_steps
     # where none of its steps is timed it stops at 3x probe_steps: the steps
     # past that cost more than the timing they might buy (single-gpu-8b
     # C=250: 4x ran 12 steps of a depth ~25% behind, 0.978 x depth-oracle
     # on seed 0; 3x 0.984)
-    pol._d_times[1] = type(pol._d_times[1])()
-    pol._credit = 10.0
-    pol._depth_probe(1, 100)
-    ran = 1
-    for step in range(101, 140):
-        if pol._dprobe_left and pol._probe_on():
-            ran += 1
-            pol.observe(outcome(step, 1, (4,), dt=None))
-        else:
-            break
-    assert ran == 3 * pol.probe_steps, ran
+    assert fresh_probe(100, None) == 3 * pol.probe_steps
 
 
 def test_a_probe_beyond_the_deepest_line_takes_the_shallowest_depth_it_could():
