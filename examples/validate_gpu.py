@@ -612,8 +612,8 @@ def time_depths_on_one_server(args, gated, env, out, prompts, levels, depths):
         record = gate_status(b)[0]
         served = [int(d) for d in record["depths"]["set"]]
 
-        def traffic():
-            throughput(b, max(levels), args.max_new_tokens, prompts)
+        def traffic():  # one request: a change waits for decode steps only
+            greedy_outputs(b, args.max_new_tokens, prompts[:1])
 
         for depth in [*served, 0]:
             if depth:
