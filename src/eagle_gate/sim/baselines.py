@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from eagle_gate.policies import AlwaysSpec
 from eagle_gate.policy import Mode, StepOutcome, StepView
 
 __all__ = [
@@ -103,19 +104,13 @@ class EmaTier:
         )
 
 
-class FixedDepth:
-    """SPEC at ``depth`` draft steps on every step (sim-only)."""
+class FixedDepth(AlwaysSpec):
+    """SPEC at ``depth`` (>= 1) draft steps on every step: the built-in
+    ``always depth=d``, under the simulator's name for it (``spec-d<d>``)."""
 
     def __init__(self, depth: int) -> None:
-        self.depth = depth
+        super().__init__(depth)
         self.name = f"spec-d{depth}"
-
-    def decide(self, view: StepView) -> Mode:
-        view.depth = self.depth
-        return Mode.SPEC
-
-    def observe(self, outcome: StepOutcome) -> None:
-        return None
 
 
 class Oracle:
