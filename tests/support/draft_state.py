@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from support.gated_server import decision_records
+from support.gated_server import TEST_POLICIES, decision_records
 
 STEPS = 3  # draft steps per chain (== --speculative-num-steps)
 
@@ -324,14 +324,10 @@ def draft_pattern() -> str:
     return ",".join(parts)
 
 
-#: the test-only policies' source (``schedule`` reads the patterns below)
-TEST_POLICIES = Path(__file__).resolve().parents[1] / "policies" / "src"
-
-
 @functools.cache
 def _parse_steps():
     """``eagle_gate_testpolicies.parse_steps``, loaded once from the source."""
-    init = TEST_POLICIES / "eagle_gate_testpolicies" / "__init__.py"
+    init = TEST_POLICIES / "src" / "eagle_gate_testpolicies" / "__init__.py"
     spec = importlib.util.spec_from_file_location("_schedule_patterns", init)
     policies = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(policies)

@@ -19,8 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-#: test-only policies (schedule, coin, flaky) and the example ``alternate``.
-PLUGIN_SOURCES = (REPO / "tests" / "policies", REPO / "examples" / "third_party_policy")
+#: the test-only policies' project (schedule, coin, flaky)
+TEST_POLICIES = REPO / "tests" / "policies"
+#: test-only policies and the example ``alternate``.
+PLUGIN_SOURCES = (TEST_POLICIES, REPO / "examples" / "third_party_policy")
 
 
 def install_test_plugins(target: Path) -> Path:

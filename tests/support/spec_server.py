@@ -80,6 +80,16 @@ def _set_flag(args: list[str], flag: str, value: str) -> list[str]:
     return args
 
 
+#: what Triton attention needs on CPU besides ``--attention-backend triton``:
+#: no CUDA graphs, and one KV split (the interpreted decode kernel is ~1.5x
+#: faster) ...
+TRITON_CPU_ARGS = ("--disable-cuda-graph", "--triton-attention-num-kv-splits", "1")
+#: ... and in the environment: Triton interpreted, the CPU stand-ins of
+#: ``ci/cpu_spec`` on (every speculative server, and baselines that share
+#: their kernels)
+TRITON_CPU_ENV = {"TRITON_INTERPRET": "1", "EAGLE_GATE_CI_SPEC": "1"}
+
+
 def baseline_server_args(
     model_dir: Path | str,
     port: int,
@@ -132,10 +142,7 @@ def spec_server_args(
     args = cpu_server_args(target_dir, port, python=python, host=host)
     args = _set_flag(args, "--attention-backend", "triton")
     args += [
-        "--disable-cuda-graph",
-        # One KV split: the interpreted decode kernel is ~1.5x faster.
-        "--triton-attention-num-kv-splits",
-        "1",
+        *TRITON_CPU_ARGS,
         "--speculative-algorithm",
         algorithm,
         "--speculative-draft-model-path",
@@ -165,11 +172,7 @@ def spec_server_env(
     ``shim_log`` logs each stand-in's first call to the server log
     (``[eagle_gate_ci_spec] pid N first call: ...``).
     """
-    env = {
-        "TRITON_INTERPRET": "1",
-        "EAGLE_GATE_CI_SPEC": "1",
-        "EAGLE_GATE_CI_SPEC_LOG": "1" if shim_log else "0",
-    }
+    env = {**TRITON_CPU_ENV, "EAGLE_GATE_CI_SPEC_LOG": "1" if shim_log else "0"}
     if sglang_version() == "0.5.9":
         env["SGLANG_ENABLE_SPEC_V2"] = "1"
     elif overlap:

@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from support import gated_server
+from support.spec_server import TRITON_CPU_ARGS, TRITON_CPU_ENV
 
 #: the test files that share the pair, in the order they run (last).
 TRAFFIC_FILES = (
@@ -61,19 +62,14 @@ class Server:
 
 #: the EAGLE-3 traffic server's SPEC depths on SGLang 0.5.23 (configured 3)
 TRAFFIC_DEPTHS = (1, 2, 3)
-#: the baseline's attention: the gated server's (Triton, one KV split), not
-#: the other baselines' torch_native, so that sampled tokens are compared
-#: through the same kernels. At the sampling test's temperature (0.04) the
-#: two backends' rounding on near-tied logits moved a token's share enough
-#: to reach p 0.0016 and 0.00099 (alpha 0.001) in two of seven runs.
-TRAFFIC_BASELINE_ARGS = (
-    "--attention-backend", "triton",
-    "--disable-cuda-graph",
-    "--triton-attention-num-kv-splits", "1",
-)  # fmt: skip
-#: ... with Triton interpreted and the CPU stand-ins of ``ci/cpu_spec``, as
-#: the speculative servers have them (``support.spec_server.spec_server_env``)
-TRAFFIC_BASELINE_ENV = {"TRITON_INTERPRET": "1", "EAGLE_GATE_CI_SPEC": "1"}
+#: the baseline's attention: the gated server's (Triton, one KV split,
+#: interpreted, with the CPU stand-ins: ``support.spec_server``'s
+#: ``TRITON_CPU_*``), not the other baselines' torch_native, so that sampled
+#: tokens are compared through the same kernels. At the sampling test's
+#: temperature (0.04) the two backends' rounding on near-tied logits moved a
+#: token's share enough to reach p 0.0016 and 0.00099 (alpha 0.001) in two
+#: of seven runs.
+TRAFFIC_BASELINE_ARGS = ("--attention-backend", "triton", *TRITON_CPU_ARGS)
 
 
 @dataclass
@@ -138,7 +134,7 @@ def traffic_servers(spec_models, test_plugins, tmp_path_factory) -> Iterator:
             target,
             root / "baseline.log",
             args=TRAFFIC_BASELINE_ARGS,
-            env=TRAFFIC_BASELINE_ENV,
+            env=TRITON_CPU_ENV,
             ready_timeout_s=400,
         ),
     ]
