@@ -138,9 +138,13 @@ def free_port() -> int:
     raise RuntimeError("no free port in 30000-32699 for a server")
 
 
-def post(url: str, payload: dict, timeout: float = 600) -> dict:
+def post(
+    url: str, payload: dict, timeout: float = 600, headers: dict | None = None
+) -> dict:
     request = urllib.request.Request(
-        url, json.dumps(payload).encode(), {"Content-Type": "application/json"}
+        url,
+        json.dumps(payload).encode(),
+        {"Content-Type": "application/json", **(headers or {})},
     )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
@@ -435,7 +439,7 @@ def main() -> int:
 
     depths = [int(d) for d in args.depths.split(",") if d.strip()]
     if depths and not args.no_speculation_smoke:
-        run_depths(args, gated, stock, spec, env, out, prompts, levels, never_log)
+        run_depths(args, gated, env, out, prompts, levels, never_log)
 
     states = {row[1] for row in graph_rows}
     print("\nRESULT:", "outputs identical" if not failures else "OUTPUTS DIFFER")
@@ -489,26 +493,38 @@ def at_depth(spec: list[str], steps: int) -> list[str]:
     return shape
 
 
-def step_costs(
-    log_dir: Path, depth: int | None = None
-) -> dict[int, tuple[float, float, int]]:
-    """Per decode batch size: (median step seconds, mean tokens per request
-    per step, steps) of the outcome records with a measured interval in the
-    gate's decision logs under ``log_dir`` (TP rank 0's logs only: every TP
-    rank runs the same steps); with ``depth``, only the steps that ran at it
-    (a ``--gate-depths`` server's records say, 0 for PLAIN)."""
-    by_bs: dict[int, list[tuple[float, float]]] = {}
+def timed_outcomes(log_dir: Path) -> list[dict]:
+    """The outcome records with a measured interval in the gate's decision
+    logs under ``log_dir``, TP rank 0's logs only (every TP rank runs the
+    same steps): read once, then cut by :func:`step_costs`."""
+    records = []
     for path in sorted(log_dir.glob("*.jsonl")):
         lines = [json.loads(line) for line in path.read_text().splitlines()]
         if any(r.get("kind") == "start" and r.get("tp_rank", 0) != 0 for r in lines):
             continue
-        for r in lines:
-            bs = r.get("batch_size")
-            if r.get("kind") != "outcome" or r.get("interval_s") is None or not bs:
-                continue
-            if depth is not None and r.get("depth") != depth:
-                continue
-            by_bs.setdefault(bs, []).append((r["interval_s"], r["tokens"] / bs))
+        records += [
+            r
+            for r in lines
+            if r.get("kind") == "outcome"
+            and r.get("interval_s") is not None
+            and r.get("batch_size")
+        ]
+    return records
+
+
+def step_costs(
+    records: list[dict], depth: int | None = None
+) -> dict[int, tuple[float, float, int]]:
+    """Per decode batch size: (median step seconds, mean tokens per request
+    per step, steps) of ``records`` (:func:`timed_outcomes`); with
+    ``depth``, only the steps that ran at it (a ``--gate-depths`` server's
+    records say, 0 for PLAIN)."""
+    by_bs: dict[int, list[tuple[float, float]]] = {}
+    for r in records:
+        if depth is not None and r.get("depth") != depth:
+            continue
+        bs = r["batch_size"]
+        by_bs.setdefault(bs, []).append((r["interval_s"], r["tokens"] / bs))
     return {
         bs: (statistics.median(t for t, _ in xs), sum(k for _, k in xs) / len(xs),
              len(xs))
@@ -545,7 +561,7 @@ def depth_rows(
     return sorted(rows)
 
 
-def run_depths(args, gated, stock, spec, env, out, prompts, levels, never_log):
+def run_depths(args, gated, env, out, prompts, levels, never_log):
     """Section 5 (see the module doc)."""
     depths = [int(d) for d in args.depths.split(",") if d.strip()]
     adaptive = "--speculative-adaptive" in sglang_options()
@@ -562,7 +578,7 @@ def run_depths(args, gated, stock, spec, env, out, prompts, levels, never_log):
             args, gated, env, out, prompts, levels, depths
         )
     else:
-        costs = {0: step_costs(never_log)}
+        costs = {0: step_costs(timed_outcomes(never_log))}
         for depth in depths:
             log_dir = out / f"decisions-depth-{depth}"
             extra = ["--gate-decision-log", str(log_dir)]
@@ -572,7 +588,7 @@ def run_depths(args, gated, stock, spec, env, out, prompts, levels, never_log):
             ) as b:
                 for c in levels:
                     throughput(b, c, args.max_new_tokens, prompts)
-            costs[depth] = step_costs(log_dir)
+            costs[depth] = step_costs(timed_outcomes(log_dir))
     print(f"{'bs':>5} {'depth':>6} {'ms/step':>9} {'tok/req':>8} {'tok/s':>9} "
           f"{'steps':>6}")  # fmt: skip
     best: dict[int, tuple[float, int]] = {}
@@ -624,7 +640,8 @@ def time_depths_on_one_server(args, gated, env, out, prompts, levels, depths):
                 throughput(b, c, args.max_new_tokens, prompts)
         time.sleep(1.5)  # the status record is rewritten about once a second
         builds = gate_status(b)[0]["depths"]["per_depth"]
-    costs = {d: step_costs(log_dir, d) for d in [0, *served]}
+    timed = timed_outcomes(log_dir)  # read once, cut by depth
+    costs = {d: step_costs(timed, d) for d in [0, *served]}
     return costs, builds, adaptive_state_costs(log.read_text(errors="replace"))
 
 
@@ -670,17 +687,16 @@ def set_policy(
     multiple of ``EAGLE_GATE_CONTROL_EVERY`` (64), so ``traffic()`` is sent
     until every status record's ``config_version`` has it. The steps before
     it ran the old setting, and their decision-log records say so."""
-    headers = {"Content-Type": "application/json"}
-    if os.environ.get("EAGLE_GATE_API_KEY"):
-        headers["Authorization"] = "Bearer " + os.environ["EAGLE_GATE_API_KEY"]
-    body = json.dumps({"policy": policy, "settings": settings}).encode()
-    request = urllib.request.Request(
-        base + "/eagle_gate/policy", body, headers, method="POST"
+    key = os.environ.get("EAGLE_GATE_API_KEY")
+    reply = post(
+        base + "/eagle_gate/policy",
+        {"policy": policy, "settings": settings},
+        timeout=30,
+        headers={"Authorization": "Bearer " + key} if key else None,
     )
-    with urllib.request.urlopen(request, timeout=30) as r:
-        if r.status != 202:
-            raise RuntimeError(f"policy change answered {r.status}")
-        version = int(json.loads(r.read())["version"])
+    if not reply.get("accepted"):
+        raise RuntimeError(f"policy change not accepted: {reply}")
+    version = int(reply["version"])
     deadline = time.monotonic() + timeout
     while True:
         time.sleep(1.5)  # status records are rewritten about once a second

@@ -23,7 +23,7 @@ import pytest
 import sglang_env
 from support.gated_server import with_pythonpath
 from support.server import cpu_server_args
-from support.spec_server import spec_server_env
+from support.spec_server import TRITON_CPU_ARGS, spec_server_env
 from support.timings import note
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "validate_gpu.py"
@@ -39,7 +39,7 @@ def cpu_flags(model_dir) -> list[str]:
     flags = args[args.index("--device") :]
     backend = flags.index("--attention-backend")
     flags[backend + 1] = "triton"
-    return flags + ["--disable-cuda-graph", "--triton-attention-num-kv-splits", "1"]
+    return flags + list(TRITON_CPU_ARGS)
 
 
 # four servers one after the other, up to five with section 5's: past the
@@ -195,7 +195,7 @@ def test_validate_script_depth_helpers(tmp_path):
     for name, records in (("a", rank0), ("b", rank1)):
         lines = "\n".join(map(json.dumps, records))
         (logs / f"decisions-{name}.jsonl").write_text(lines + "\n")
-    costs = v.step_costs(logs)
+    costs = v.step_costs(v.timed_outcomes(logs))
     # rank 1 left out; the step without an interval left out
     assert costs == {1: (0.005, 2.0, 1), 2: (0.020, 14 / 6, 3)}
     rows = v.depth_rows({0: {2: (0.010, 1.0, 5)}, 3: costs})
@@ -214,9 +214,10 @@ def test_validate_script_depth_helpers(tmp_path):
     depth_logs = tmp_path / "depth-logs"
     depth_logs.mkdir()
     (depth_logs / "d.jsonl").write_text("\n".join(map(json.dumps, mixed)) + "\n")
-    assert v.step_costs(depth_logs, 3) == {2: (0.011, 11 / 4, 2)}
-    assert v.step_costs(depth_logs, 0) == {2: (0.004, 1.0, 1)}
-    assert v.step_costs(depth_logs, 2) == {}
+    timed = v.timed_outcomes(depth_logs)
+    assert v.step_costs(timed, 3) == {2: (0.011, 11 / 4, 2)}
+    assert v.step_costs(timed, 0) == {2: (0.004, 1.0, 1)}
+    assert v.step_costs(timed, 2) == {}
     builds = {
         "0": {"steps": 4},
         "3": {"built": "startup"},
