@@ -27,30 +27,34 @@ PLUGIN_SOURCES = (TEST_POLICIES, REPO / "examples" / "third_party_policy")
 
 def install_test_plugins(target: Path) -> Path:
     """Install the test policy plugins into ``target`` (not into the
-    environment); servers find them through ``PYTHONPATH``.
+    environment); servers find them through ``PYTHONPATH``."""
+    for source in PLUGIN_SOURCES:
+        install_plugin(source, target)
+    return target
 
-    Each source is built from a private copy: setuptools writes ``build/``
-    and ``*.egg-info`` into the source tree, and the test sessions that run
-    side by side (``scripts/test.sh``) would otherwise build in the same
-    folder at once and break each other's wheels."""
+
+def install_plugin(source: Path, target: Path) -> None:
+    """``pip install --target target`` of the plugin project ``source``, built
+    from a private copy: setuptools writes ``build/`` and ``*.egg-info`` into
+    the source tree, and the test sessions that run side by side
+    (``scripts/test.sh``) would otherwise build in the same folder at once
+    and break each other's wheels (a module missing from one of them)."""
     import shutil
     import tempfile
 
     target.mkdir(parents=True, exist_ok=True)
-    for source in PLUGIN_SOURCES:
-        with tempfile.TemporaryDirectory(prefix="eagle-gate-plugin-") as tmp:
-            copy = Path(tmp) / Path(source).name
-            shutil.copytree(
-                source, copy, ignore=shutil.ignore_patterns("build", "*.egg-info")
-            )
-            subprocess.run(
-                [
-                    sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--target", str(target), str(copy),
-                ],
-                check=True,
-            )  # fmt: skip
-    return target
+    with tempfile.TemporaryDirectory(prefix="eagle-gate-plugin-") as tmp:
+        copy = Path(tmp) / Path(source).name
+        shutil.copytree(
+            source, copy, ignore=shutil.ignore_patterns("build", "*.egg-info")
+        )
+        subprocess.run(
+            [
+                sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                "--no-build-isolation", "--target", str(target), str(copy),
+            ],
+            check=True,
+        )  # fmt: skip
 
 
 def with_pythonpath(env: dict[str, str], path: Path) -> dict[str, str]:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.gated_server import install_plugin
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "third_party_policy"
 
@@ -37,13 +38,8 @@ print(json.dumps({"policies": sorted(available_policies()), "settings": config.s
 @pytest.fixture(scope="module")
 def plugin_env(tmp_path_factory) -> dict:
     target = tmp_path_factory.mktemp("plugin-site")
-    subprocess.run(
-        [
-            sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-            "--no-build-isolation", "--target", str(target), str(EXAMPLE),
-        ],
-        check=True,
-    )  # fmt: skip
+    # from a private copy: the two versions' sessions build it at once
+    install_plugin(EXAMPLE, target)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(target), env.get("PYTHONPATH", "")]
