@@ -47,7 +47,9 @@ What it checks, against real models on your GPU:
    ``always`` pinned to each depth in turn at runtime (``depth=d``), then
    ``never`` (a change lands at a multiple of ``EAGLE_GATE_CONTROL_EVERY``
    decode steps: traffic runs until it has, and each step's decision-log
-   record says the depth it ran). Elsewhere (0.5.9): a gated server per depth
+   record says the depth it ran). Each depth's outputs at C=1 are compared
+   with the server without speculation's (a difference fails the run, as in
+   sections 1-4). Elsewhere (0.5.9): a gated server per depth
    (``--speculative-num-steps d --speculative-num-draft-tokens d+1``, policy
    ``always``) and section 3's ``never`` server. 5b (0.5.23): what each
    depth's runtime state cost to build, as the gate measured it (status
@@ -439,7 +441,9 @@ def main() -> int:
 
     depths = [int(d) for d in args.depths.split(",") if d.strip()]
     if depths and not args.no_speculation_smoke:
-        run_depths(args, gated, env, out, prompts, levels, never_log)
+        failures += run_depths(
+            args, gated, env, out, prompts, levels, never_log, reference
+        )
 
     states = {row[1] for row in graph_rows}
     print("\nRESULT:", "outputs identical" if not failures else "OUTPUTS DIFFER")
@@ -561,8 +565,9 @@ def depth_rows(
     return sorted(rows)
 
 
-def run_depths(args, gated, env, out, prompts, levels, never_log):
-    """Section 5 (see the module doc)."""
+def run_depths(args, gated, env, out, prompts, levels, never_log, reference) -> int:
+    """Section 5 (see the module doc); the number of depths whose outputs at
+    C=1 differ from ``reference``'s, the server without speculation's."""
     depths = [int(d) for d in args.depths.split(",") if d.strip()]
     adaptive = "--speculative-adaptive" in sglang_options()
     print(
@@ -573,11 +578,12 @@ def run_depths(args, gated, env, out, prompts, levels, never_log):
             else "plain step (section 3's never server), one server per depth"
         )
     )
+    outputs: dict[int, list[list[int]]] = {}  # each depth's C=1 outputs
     if adaptive:
         costs, builds, sglang_built = time_depths_on_one_server(
-            args, gated, env, out, prompts, levels, depths
+            args, gated, env, out, prompts, levels, depths, outputs
         )
-    else:
+    else:  # (depth 0's outputs: section 3 compared them)
         costs = {0: step_costs(timed_outcomes(never_log))}
         for depth in depths:
             log_dir = out / f"decisions-depth-{depth}"
@@ -587,7 +593,9 @@ def run_depths(args, gated, env, out, prompts, levels, never_log):
                 cmd, env, out / f"depth-{depth}.log", args.startup_timeout
             ) as b:
                 for c in levels:
-                    throughput(b, c, args.max_new_tokens, prompts)
+                    _, outs = throughput(b, c, args.max_new_tokens, prompts)
+                    if c == 1:
+                        outputs[depth] = outs
             costs[depth] = step_costs(timed_outcomes(log_dir))
     print(f"{'bs':>5} {'depth':>6} {'ms/step':>9} {'tok/req':>8} {'tok/s':>9} "
           f"{'steps':>6}")  # fmt: skip
@@ -598,27 +606,36 @@ def run_depths(args, gated, env, out, prompts, levels, never_log):
             best[bs] = (tps, depth)
     print("best depth per batch size:", ", ".join(
         f"bs {bs}: {d}" for bs, (_, d) in sorted(best.items())) or "-")  # fmt: skip
+    same = {
+        d: count_same(o, [reference[i % len(prompts)] for i in range(len(o))])
+        for d, o in outputs.items()
+    }
+    print("outputs at C=1 against the server without speculation:", ", ".join(
+        f"depth {d} {same[d]}/{len(outputs[d])}" for d in sorted(outputs)
+    ) or "not compared (no C=1 level)")  # fmt: skip
+    differ = sum(same[d] != len(outputs[d]) for d in outputs)
     print("\n== 5b. what each depth's runtime state cost to build: the gate's "
           "measurement (status) beside SGLang's log line")  # fmt: skip
     if not adaptive:
         print(
             "skipped: this SGLang has no --speculative-adaptive (one depth per server)"
         )
-        return
+        return differ
     line = "{:>6} {:>8} {:>7} {:>9} {:>7} {:>7} {:>9} {:>9} {:>10}"
     print(line.format("depth", "built", "gate s", "gate MiB", "verify", "draft",
                       "graph bs", "SGLang s", "SGLang GB"))  # fmt: skip
     for row in build_rows(builds, sglang_built):
         print(line.format(*row))
+    return differ
 
 
-def time_depths_on_one_server(args, gated, env, out, prompts, levels, depths):
+def time_depths_on_one_server(args, gated, env, out, prompts, levels, depths, outputs):
     """Section 5 on an SGLang with adaptive runtime states: one gated server
     with ``--gate-depths``, policy ``always`` pinned to each of its depths in
     turn at runtime (``depth=d``), then ``never``; each step's depth comes from
     its decision-log record, so a change that lands mid-request splits
     exactly. Returns (costs by depth, the status's ``depths.per_depth``,
-    SGLang's logged build costs)."""
+    SGLang's logged build costs); ``outputs`` gets each depth's C=1 outputs."""
     log_dir = out / "decisions-depths"
     extra = ["--gate-depths", ",".join(map(str, depths)),
              "--gate-decision-log", str(log_dir)]  # fmt: skip
@@ -637,7 +654,9 @@ def time_depths_on_one_server(args, gated, env, out, prompts, levels, depths):
             else:
                 set_policy(b, "never", {}, traffic)
             for c in levels:
-                throughput(b, c, args.max_new_tokens, prompts)
+                _, outs = throughput(b, c, args.max_new_tokens, prompts)
+                if c == 1:
+                    outputs[depth] = outs
         time.sleep(1.5)  # the status record is rewritten about once a second
         builds = gate_status(b)[0]["depths"]["per_depth"]
     timed = timed_outcomes(log_dir)  # read once, cut by depth

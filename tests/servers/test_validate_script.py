@@ -111,6 +111,14 @@ def test_validate_script_reports_identity_acceptance_and_cost(
         )
     assert float(by_depth[max(timed)][3]) > 1.0  # the trained draft is accepted
     assert "best depth per batch size: bs 1:" in report
+    # each timed depth's C=1 requests (4 of 2 prompts) token-identical to the
+    # server without speculation (depth 0 on 0.5.9: section 3's never server)
+    compared = sorted(timed) if ADAPTIVE else sorted(timed - {0})
+    assert (
+        "outputs at C=1 against the server without speculation: "
+        + ", ".join(f"depth {d} 4/4" for d in compared)
+        + "\n"
+    ) in report
     section = report.split("== 5b.")[1].split("RESULT:")[0]
     if not ADAPTIVE:
         assert "skipped: this SGLang has no --speculative-adaptive" in section
