@@ -21,6 +21,7 @@ from eagle_gate.goodput_accept import PREDICTED_REQUESTS, GoodputAcceptance
 from eagle_gate.goodput_estimates import FAST_REQUESTS, Level, StepTime
 from eagle_gate.goodput_report import GoodputReport
 from eagle_gate.goodput_settings import GOODPUT_SETTINGS
+from eagle_gate.goodput_switch import MIN_DWELL, GoodputSwitching
 from eagle_gate.hookspecs import hookimpl
 from eagle_gate.policy import Mode, PolicyFactory, StepOutcome, StepView
 
@@ -47,31 +48,24 @@ _LONG_PROBE = 4
 _CHECK_EVERY = 4
 #: unused probe budget is capped at this many probes' time.
 _CREDIT_PROBES = 2.0
-#: weight of one stay in SPEC in their EMA: entering SPEC must gain its
-#: resync back within the stays seen (at most ``stale_steps``): a batch that
-#: leaves SPEC's range within 4 steps does not pay a resync of 3 SPEC steps
-#: back, and a batch moving 31 <-> 32 across a line's noise entered SPEC
-#: every few steps.
-_STAY_WEIGHT = 0.25
 #: a SPEC probe goes on while its samples lean towards a rise: the change
 #: test's sum above this (a quarter of the way to a restart).
 _LEAN = 2.0
 #: PLAIN-side requests behind the new reference before it checks a change
 #: the SPEC side detected (a ratio of two noisy agreements is noisy).
 _CHECK_REQUESTS = 64.0
-#: weight of one interval between acceptance changes in their EMA.
-_GAP_WEIGHT = 0.25
 #: while the home mode has no timed step (a prefill before each of its
 #: steps: SPEC at batch 250 finishes requests every step), the other mode is
 #: looked at every this many probes' steps: its steps may be timed, and the
 #: SPEC step after it gives a provisional SPEC time (see ``_prov``).
 _COLD_LOOK = 2
-#: at least this many steps between switches: a decision's outcome arrives
-#: up to two steps late, plus the step that acts on it.
-_MIN_DWELL = 3
+#: a SPEC look that could not turn the decision (see decide) is skipped
+#: until the last SPEC sample is this many ``stale_steps`` old (the lines
+#: it rests on may have moved).
+_NO_TURN_AGE = 64
 
 
-class Goodput(GoodputAcceptance, GoodputReport):
+class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
     """Run whichever of SPEC and PLAIN is measured to emit more tokens/second."""
 
     name = "goodput"
@@ -85,7 +79,7 @@ class Goodput(GoodputAcceptance, GoodputReport):
         "_last", "_probe_left", "_probe_mode", "_credit", "_credit_cap",
         "_decided", "_probed", "_prev_mode", "_next_check", "_lean",
         "_change_step", "_change_gap", "_refill", "_check_a", "_check_p",
-        "_stay", "_prov",
+        "_stay", "_prov", "_probe_sign", "_probe_lim", "_ahead", "_switch_b",
     )  # fmt: skip
 
     def __init__(
@@ -141,7 +135,10 @@ class Goodput(GoodputAcceptance, GoodputReport):
         self._refill = False  # the PLAIN side detected a change (decide pays)
         # the SPEC estimate and PLAIN reference before a SPEC-side change
         self._check_a = self._check_p = 0.0
-        self._stay = float(self.stale_steps)  # steps a SPEC stay lasts
+        self._stay = float(self.stale_steps)  # steps SPEC stays ahead
+        self._switch_b = self._probe_sign = 0
+        self._probe_lim = 0.0
+        self._ahead = -1  # the step since which SPEC is ahead (-1: it is not)
         self._change_step = -1  # the last detected acceptance change
         # True: the SPEC line holds only a resync step's time (an upper
         # bound, replaced by the first SPEC step timed without a resync);
@@ -154,10 +151,15 @@ class Goodput(GoodputAcceptance, GoodputReport):
 
     def decide(self, view: StepView) -> Mode:
         self._decided += 1
-        if self._probe_left:
-            self._probe_left -= 1
-            return self._probe_mode
         b = view.batch_size
+        if self._probe_left:
+            if b * self._probe_sign <= self._probe_lim:
+                self._probe_left -= 1
+                return self._probe_mode
+            # the batch moved by more than 2x against the probed mode (SPEC
+            # grows dearer relative to PLAIN with the batch): the probe was
+            # priced, and looked for, at another batch
+            self._probe_left = 0
         home = self.home
         away = _PLAIN if home is _SPEC else _SPEC
         fit_h = self._times[home]
@@ -180,12 +182,12 @@ class Goodput(GoodputAcceptance, GoodputReport):
                 if self._switch_rel > _CREDIT_PROBES * _LONG_PROBE * wait:
                     return home
                 self._next_check = step + wait
-                return self._probe(away, 0)
+                return self._probe(away, 0, b)
             t = self.probe_steps * fit_h.predict(b)
             long_cost = _LONG_PROBE * t * (1.0 + self._resync_rel)
             if not self._afford(t * (1.0 + self._switch_rel), 0.0, long_cost):
                 return home
-            return self._probe(away, 0)
+            return self._probe(away, 0, b)
         t_h = fit_h.predict(b)
         t_a = fit_a.predict(b)
         far = not -fit_a.reach <= b - fit_a.mb <= fit_a.reach
@@ -198,31 +200,42 @@ class Goodput(GoodputAcceptance, GoodputReport):
             gain = _log(accept * t_a / t_h)  # SPEC's log gain over PLAIN
         else:
             gain = -_log(accept * t_h / t_a)  # PLAIN's, from PLAIN
+            if self._ahead >= 0 and gain > self._margin:
+                # SPEC behind by the margin, as when it is left: a run ends
+                self._end_run(view.step)
         step = view.step
         margin = self._margin
         # switch: leaving SPEC costs nothing now; entering it pays a resync,
-        # so SPEC is entered at most once per dwell (and no switch follows
-        # another within _MIN_DWELL steps, the outcomes' delay)
-        if (
-            gain < -margin
-            and not far  # (there a probe comes first)
-            and step - self._switch_step >= _MIN_DWELL
-            and (
-                away is _PLAIN
-                or step - self._entry_step >= self._dwell
-                and gain * self._stay < -self._switch_rel
-            )
-        ):
-            self._switch_step = step
-            if away is _SPEC:
-                self._entry_step = step
-            else:  # how long SPEC stays, once entered (an EMA)
-                stay = self._stay
-                stay += _STAY_WEIGHT * (step - self._entry_step - stay)
-                self._stay = stay if stay < self.stale_steps else self.stale_steps
-            self.home = away
-            self.switches += 1
-            return away
+        # so SPEC is entered at most once per dwell, where it stays ahead
+        # long enough to gain that back (and no switch follows another
+        # within MIN_DWELL steps, the outcomes' delay)
+        if gain < -margin:
+            if home is _PLAIN and self._ahead < 0:
+                self._ahead = step  # SPEC ahead from here (a run begins)
+            if (
+                not far  # (there a probe comes first)
+                and (
+                    step - self._switch_step >= MIN_DWELL
+                    # (a batch grown 2x since SPEC was entered leaves it at
+                    # once: the batch, not a late outcome, turned it)
+                    or away is _PLAIN
+                    and b > 2 * self._switch_b
+                )
+                and (
+                    away is _PLAIN
+                    or step - self._entry_step >= self._dwell
+                    and gain * self._stay_left(step) < -self._switch_rel
+                )
+            ):
+                self._switch_step = step
+                self._switch_b = b
+                if away is _SPEC:
+                    self._entry_step = step
+                elif self._ahead >= 0:  # (not the start in SPEC: never entered)
+                    self._end_run(step)
+                self.home = away
+                self.switches += 1
+                return away
         if self._lean:
             # a SPEC probe leans towards a rise (its CUSUM past _LEAN): go on
             # while the budget pays, where that rise (the mean since the lean
@@ -233,7 +246,7 @@ class Goodput(GoodputAcceptance, GoodputReport):
                 n = self.probe_steps
                 long_cost = (_LONG_PROBE * n + self._resync_rel) * t_a
                 if self._afford((n + self._switch_rel) * t_a, 0.0, long_cost):
-                    return self._probe(_SPEC, n)
+                    return self._probe(_SPEC, n, b)
         # a probe? looked at every _CHECK_EVERY steps, when the budget could
         # pay for a short one
         if step >= self._next_check and self._credit >= self._credit_cap * (
@@ -246,8 +259,17 @@ class Goodput(GoodputAcceptance, GoodputReport):
             long_cost = _LONG_PROBE * n * t_a + self._resync_rel * t_s
             reserve = 0.0
             se2 = fit_a.res * fit_a.leverage(b) + fit_h.res * fit_h.leverage(b)
-            if home is _PLAIN:  # acceptance is part of what SPEC's estimate lacks
-                se2 += self._acc_rel_var()
+            if home is _PLAIN:
+                # a look at SPEC that could not turn the decision were every
+                # draft accepted and SPEC's step 2 standard errors faster
+                # (what its lines say) does not pay its resync: not even
+                # under lazy sync, where a look also checks acceptance
+                top = _log((self._s + 1) * t_h / t_a) + _Z_PROBE * math.sqrt(se2)
+                if (
+                    top < margin or top * self._stay_left(step) < self._switch_rel
+                ) and step - self._last[0] < _NO_TURN_AGE * self.stale_steps:
+                    return home
+                se2 += self._acc_rel_var()  # (what SPEC's estimate lacks)
             g = gain - margin
             # (not from SPEC while its acceptance rests mostly on a PLAIN-side
             # prediction: a PLAIN probe then puts off the SPEC samples that
@@ -288,7 +310,7 @@ class Goodput(GoodputAcceptance, GoodputReport):
                 reserve = long_cost
             if not self._afford(n * t_a + rr, reserve, long_cost):
                 return home
-            return self._probe(away, n)
+            return self._probe(away, n, b)
         return home
 
     def _afford(self, cost: float, reserve: float, long_cost: float) -> bool:
@@ -306,9 +328,15 @@ class Goodput(GoodputAcceptance, GoodputReport):
         self._credit -= cost
         return True
 
-    def _probe(self, mode: Mode, n: int) -> Mode:
-        """Run ``mode`` for this step and ``n - 1`` more (0: ``probe_steps``)."""
+    def _probe(self, mode: Mode, n: int, b: int) -> Mode:
+        """Run ``mode`` for this step and ``n - 1`` more (0: ``probe_steps``),
+        while the batch stays within 2x of ``b``."""
         k = n if n else self.probe_steps
+        # (on while b <= 2 * b0 for SPEC, -b <= -b0 / 2 for PLAIN)
+        if mode is _SPEC:
+            self._probe_sign, self._probe_lim = 1, 2.0 * b
+        else:
+            self._probe_sign, self._probe_lim = -1, -0.5 * b
         self._probe_mode = mode
         self._probe_left = k - 1
         self._probed += k
@@ -412,29 +440,6 @@ class Goodput(GoodputAcceptance, GoodputReport):
         self._credit += self.max_explore_share * dt
         if self._credit > self._credit_cap:
             self._credit = self._credit_cap
-
-    def _changed(self, step: int) -> None:
-        """An acceptance change was detected at ``step``: the steps between
-        changes (an EMA) say how often a blind look is worth its loss."""
-        last = self._change_step
-        self._change_step = step
-        if last < 0:
-            return
-        g = step - last
-        gap = self._change_gap
-        self._change_gap = g if gap == 0.0 else gap + _GAP_WEIGHT * (g - gap)
-
-    def _update_switch_costs(self) -> None:
-        """What a switch costs (the measured resync, at least ``switch_cost``),
-        and from it the dwell and margin: resyncs at most ``switch_overhead``
-        of the time, and a switch must gain its cost back within
-        ``stale_steps``."""
-        rr = self._resync_rel
-        if rr < self.switch_cost:
-            rr = self.switch_cost
-        self._switch_rel = rr
-        self._dwell = max(_MIN_DWELL, math.ceil(rr / self.switch_overhead))
-        self._margin = rr / self.stale_steps
 
 
 @hookimpl

@@ -192,7 +192,9 @@ class StepTime:
             and -self.reach < b - self.mb < self.reach
         ):
             return  # (a sample beyond the line's reach is solved at once)
-        if w > 1.0:  # the noise, from this sample against the line so far
+        if w > 1.0 and -self.reach < b - self.mb < self.reach:
+            # the noise, from this sample against the line so far (not a
+            # sample beyond its reach: that miss is the line's, not noise)
             r = dt / self.predict(b) - 1.0
             self.res += _RES_WEIGHT * _SOLVE_EVERY * (r * r - self.res)
         mb = self.sb / w

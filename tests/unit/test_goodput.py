@@ -263,27 +263,111 @@ def test_resyncs_cost_at_most_switch_overhead(resync):
     "resync",
     [
         0.0005,
+        # cheap enough to follow every flip (0.97 of the ideal): was 0.866
+        # (below always-PLAIN), entering SPEC late in a stretch and held in it
+        # into the batch-128 steps by the dwell meant for late outcomes
         0.004,
         0.012,
         # a resync of ~3 SPEC steps paid every 4-step stretch: entering SPEC
-        # must gain its resync back within the stays seen (4 steps), so it
-        # stays PLAIN; entering once per dwell reached 0.83 (always-PLAIN 0.89)
+        # must gain its resync back within the runs seen (4 steps), so it
+        # stays PLAIN; entering once per dwell reached 0.83, probes that ran
+        # on into batch 128 and could not turn the decision 0.873
         0.03,
     ],
 )
 def test_following_the_batch_never_loses_to_a_fixed_mode(resync):
-    """Following the flipping batch must not lose to the better fixed mode
-    by more than the probe budget; with cheap resyncs it must follow (fixed
-    modes: 0.89 and 0.55 of the ideal). Always-SPEC fails the first bound,
-    flipping on every batch change the first at 0.03 s."""
+    """Following the flipping batch must reach 0.98 of the better fixed mode
+    (#32; always-PLAIN, 0.89 of the ideal, here); with cheap resyncs it must
+    follow (fixed modes: 0.89 and 0.55 of the ideal). Always-SPEC fails the
+    first bound, flipping on every batch change the first at 0.03 s."""
     steps = 6000
     pol = Goodput()
     modes, _ = drive(pol, steps, _flipping, _tp, _ts, 3.0, resync=resync)
     fixed = max(efficiency([m] * steps, resync) for m in (Mode.SPEC, Mode.PLAIN))
     got = efficiency(modes, resync)
-    assert got >= fixed - pol.max_explore_share, (got, fixed)
-    if resync <= 0.0005:
-        assert got >= 0.97, got  # follows the batch
+    assert got >= 0.98 * fixed, (got, fixed)
+    if resync <= 0.004:
+        assert got >= 0.95, got  # follows the batch
+
+
+def _spec_at(modes, batch, start=1000):
+    return sum(
+        m is Mode.SPEC and _flipping(i) == batch
+        for i, m in enumerate(modes)
+        if i >= start
+    )
+
+
+def test_a_jump_of_the_batch_ends_spec_at_once():
+    """Resync 0.004: goodput enters SPEC at each batch-2 stretch. The batch
+    turning 128 leaves SPEC on that very step, even within MIN_DWELL of the
+    entry (that dwell waits for late outcomes, and no outcome turned this
+    decision: the batch did). Without it, entering one step late locked into
+    a cycle with SPEC on the first steps at 128: ~190 such steps."""
+    pol = Goodput()
+    modes, _ = drive(pol, 6000, _flipping, _tp, _ts, 3.0, resync=0.004)
+    assert _spec_at(modes, 2) > 2000  # it follows
+    assert _spec_at(modes, 128) <= 5
+
+
+def test_a_spec_probe_ends_where_the_batch_grows_past_2x():
+    """A SPEC probe was priced at its batch: where the batch grows past 2x
+    of it (batch 2 to 128, SPEC 2x dearer per token there) the probe ends.
+    Probes of 12 steps forced at batch 2 every ~97 steps on the flipping
+    batch: without the end, each runs on into the batch-128 steps."""
+
+    class Probing(Goodput):
+        __slots__ = ()
+
+        def decide(self, view):
+            if (
+                view.step % 97 < 8
+                and view.batch_size == 2
+                and not self._probe_left
+                and view.step > 500
+            ):
+                return self._probe(Mode.SPEC, 12, view.batch_size)
+            return super().decide(view)
+
+    pol = Probing()
+    modes, _ = drive(pol, 6000, _flipping, _tp, _ts, 3.0, resync=0.03)
+    assert _spec_at(modes, 2) > 40  # the probes ran
+    assert _spec_at(modes, 128) == 0
+
+
+def test_probes_that_cannot_turn_the_decision_are_not_paid():
+    """Resync 0.03, batch flipping every 4 steps: SPEC is ahead at batch 2
+    but stays so for 4 steps only, too few to gain a resync of ~3 SPEC steps
+    back even were every draft accepted. So no SPEC probe after warm-up:
+    before, a stale look every ~260 steps (19 in all)."""
+    pol = Goodput()
+    modes, _ = drive(pol, 6000, _flipping, _tp, _ts, 3.0, resync=0.03)
+    assert _spec_at(modes, 2) == 0
+    assert _spec_at(modes, 128) == 0
+
+
+@pytest.mark.parametrize("resync", [0.004, 0.012, 0.03])
+def test_a_batch_that_settles_where_spec_is_ahead_gets_spec(resync):
+    """3,000 steps flipping 2 <-> 128 teach that SPEC stays ahead 4 steps
+    (too short for a 0.03 s resync); then the batch stays at 2. A run that
+    outlasts the ones seen counts as long as it has lasted, so SPEC is
+    entered within tens of steps: before, the short runs kept PLAIN for the
+    rest of the run at 0.03."""
+
+    def batch(i):
+        return _flipping(i) if i < 3000 else 2
+
+    pol = Goodput()
+    modes, _ = drive(
+        pol,
+        6000,
+        batch,
+        lambda i: 0.006 + 0.0001 * batch(i),
+        lambda i: 0.009 + 0.0008 * batch(i),
+        3.0,
+        resync=resync,
+    )
+    assert share(modes[3050:], Mode.SPEC) > 0.97  # (PLAIN probes aside)
 
 
 def test_dearer_resync_switches_less():
@@ -612,6 +696,22 @@ def test_a_batch_between_two_sizes_does_not_flap():
 
 
 # -- estimates, determinism ---------------------------------------------------------
+
+
+def test_a_sample_beyond_a_lines_reach_is_not_counted_as_noise():
+    """A line fitted at batch 2 meets a step at batch 128: the miss is the
+    line's (it never saw such a batch), not the steps' noise. Counted as
+    noise it made the SPEC side's relative noise ~8.7 in the flipping case,
+    so every later look at SPEC was "uncertain" and bought a long probe."""
+    from eagle_gate.goodput_estimates import StepTime
+
+    fit = StepTime()
+    for i in range(300):
+        fit.add(2, 0.0106 * (1.0 + 0.01 * (i % 3 - 1)))
+    before = fit.res
+    fit.add(128, 0.1114)
+    assert fit.res <= before
+    assert fit.predict(128) > 0.05  # (the line did take the sample)
 
 
 def test_none_intervals_are_ignored_for_timing():
