@@ -145,7 +145,7 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
         # None: SPEC steps went untimed while the line was empty (a resync
         # step may stand in)
         self._prov: bool | None = False
-        self._change_gap = 0.0  # steps between changes (0: fewer than two)
+        self._change_gap = 0.0  # steps between changes (0: none seen)
 
     # -- deciding -------------------------------------------------------------
 
@@ -169,6 +169,10 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
             # cold: measure the home mode first, then take a first look at
             # the other one (SPEC also gives the acceptance), from the budget
             self._s = view.num_draft_tokens - 1
+            if self._change_step < 0:
+                # the start counts as a change: acceptance that held this
+                # long and then changed is the first measure of the gap
+                self._change_step = view.step
             if fit_h.w == 0.0:
                 # nothing timed of the home mode: a look at the other one
                 # every few steps (it may be timed where the home mode's
@@ -223,7 +227,9 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
                 )
                 and (
                     away is _PLAIN
-                    or step - self._entry_step >= self._dwell
+                    and not self._blind_hold(b, gain, t_h, t_a)
+                    or away is _SPEC
+                    and step - self._entry_step >= self._dwell
                     and gain * self._stay_left(step) < -self._switch_rel
                 )
             ):
@@ -312,6 +318,25 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
                 return home
             return self._probe(away, n, b)
         return home
+
+    def _blind_hold(self, b: int, gain: float, t_s: float, t_p: float) -> bool:
+        """Stay in SPEC after an acceptance drop where PLAIN would be blind
+        (lazy/none sync: no PLAIN step ever carried the draft's matches) and
+        acceptance changes
+        every ``gap`` steps: PLAIN gains ``-gain`` per step until the next
+        change, but a rise is seen only by looks at SPEC, which the budget
+        pays every ``L`` steps (each long enough to see a change: ~16
+        requests); the steps until one lands cost the rise's gain."""
+        gap = self._change_gap
+        a_hi = self._check_a
+        if self._req_plain or not gap or a_hi <= self._accept:
+            return False
+        g_hi = _log(a_hi * t_p / t_s)
+        if g_hi <= 0.0:
+            return False
+        n = math.ceil(FAST_REQUESTS / b)
+        look = (n + self._switch_rel) * t_s / (self.max_explore_share * t_p)
+        return -gain * gap < g_hi * (0.5 * look + n) + self._switch_rel
 
     def _afford(self, cost: float, reserve: float, long_cost: float) -> bool:
         """Pay ``cost`` seconds from the probe budget if it holds them beyond

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from eagle_gate.policy import Mode
+
 __all__ = ["MIN_DWELL", "GoodputSwitching"]
 
 #: at least this many steps between switches: a decision's outcome arrives
@@ -36,6 +38,8 @@ class GoodputSwitching:
     _ahead: int
     _change_step: int
     _change_gap: float
+    _req_plain: int
+    home: Mode
     _resync_rel: float
     _switch_rel: float
     _dwell: int
@@ -64,10 +68,13 @@ class GoodputSwitching:
 
     def _changed(self, step: int) -> None:
         """An acceptance change was detected at ``step``: the steps between
-        changes (an EMA) say how often a blind look is worth its loss."""
+        changes (an EMA) say how often a blind look is worth its loss, and
+        whether leaving SPEC pays while blind. A change a look found from
+        blind PLAIN came late (by up to the looks' spacing): the interval
+        ending there would overstate the gap, so it is not counted."""
         last = self._change_step
         self._change_step = step
-        if last < 0:
+        if last < 0 or self.home is Mode.PLAIN and not self._req_plain:
             return
         g = step - last
         gap = self._change_gap

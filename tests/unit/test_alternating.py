@@ -263,12 +263,14 @@ def _goodput_table(rows) -> tuple[list[str], list[str]]:
 
 
 #: rows that miss their target today (docs/goodput.md, Known misses): lazy
-#: sync at batch 1-4 with phases of 300 steps, and batch 1 at 1,000. The
-#: probe budget (3% of the time) buys a look at SPEC, 2.6x dearer, about
-#: every 170 steps at batch 1; a rise is seen ~100-300 steps into a phase
-#: that lasts 780 PLAIN steps. Strict: a row that starts to pass must leave
-#: this list.
-KNOWN_MISSES = {"alt p300 b1 lazy", "alt p300 b4 lazy"}
+#: sync at batch 1 with phases of 300 steps (0.905; always-SPEC 0.933). The
+#: probe budget (3% of the time) buys a look at SPEC, 2.6x dearer, every
+#: few hundred steps at batch 1, and a look of a step or two rarely sees a
+#: rise: the hold in SPEC (``Goodput._blind_hold``) weighs this from a model
+#: of the looks that is too kind here, and a noisy restart to a very low
+#: acceptance still makes it leave. Strict: a row that starts to pass must
+#: leave this list.
+KNOWN_MISSES = {"alt p300 b1 lazy"}
 #: the quick rows (half as long) miss only at period 300.
 KNOWN_MISSES_QUICK = {"alt p300 b1 lazy"}
 
@@ -306,3 +308,19 @@ def test_goodput_meets_alternating_targets_full_grid(sync):
     rows = alternating_rows(quick=False, syncs=(sync,))
     lines, failing = _goodput_table(rows)
     _check(lines, failing, rows)
+
+
+def test_lazy_sync_holds_spec_where_following_would_be_blind_too_long():
+    """Lazy sync, acceptance alternating every 300 steps at batch 4 (quick
+    rows, seeds 0-2): PLAIN cannot see a rise, and the looks the budget pays
+    at ~1 per 200 steps find it late, so leaving SPEC on each drop loses
+    more in the next high phase than it gains in the low one: goodput holds
+    SPEC there (``Goodput._blind_hold``), from the steps between changes
+    seen; a rise a look found late is left out of those (it would make the
+    low phases look long). Goodput / oracle-mean: 0.962 (worst seed
+    0.947); without the hold 0.922, counting late rises 0.932."""
+    rows = alternating_rows(quick=True, syncs=("lazy",), periods=(300,), batches=(4,))
+    lines, failing = _goodput_table(rows)
+    assert not failing, "\n".join(lines)
+    mean = float(lines[1].split()[5])
+    assert mean >= 0.95, "\n".join(lines)
