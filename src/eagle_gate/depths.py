@@ -15,8 +15,17 @@ adaptive runtime states, ``adapters/sglang_0_5_23/depths.py``).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["DEPTHS_OFF", "DEPTHS_AUTO", "MAX_DEPTH", "parse_depths", "depth_set"]
+__all__ = [
+    "DEPTHS_OFF",
+    "DEPTHS_AUTO",
+    "MAX_DEPTH",
+    "parse_depths",
+    "depth_set",
+    "pinned_depth_refusal",
+]
 
 DEPTHS_OFF = "off"
 DEPTHS_AUTO = "auto"
@@ -59,3 +68,26 @@ def depth_set(setting: str, configured: int) -> tuple[int, ...] | None:
         depths = {int(d) for d in setting.split(",")} | {k}
     out = tuple(sorted(depths))
     return out if len(out) > 1 else None
+
+
+def pinned_depth_refusal(
+    policy: str, settings: Mapping[str, Any], setting: str, configured: int
+) -> str | None:
+    """Why the built-in ``always`` policy's ``depth`` setting cannot run on
+    a server whose depths are ``setting`` around ``configured`` (None where
+    it can): a depth outside the server's set would be a policy error on
+    every step, so the launcher refuses it before a model loads. A server
+    without ``--gate-depths`` ignores the setting (the policy contract)."""
+    if policy != "always":
+        return None
+    pinned = int(settings.get("depth", 0) or 0)
+    depths = depth_set(setting, configured)
+    if not pinned or depths is None or pinned in depths:
+        return None
+    listed = ",".join(map(str, depths))
+    return (
+        f"policy always: setting depth={pinned} is not one of this server's "
+        f"SPEC depths {listed} (--gate-depths {setting}, configured "
+        f"{max(1, int(configured))}); expected 0 (the configured depth) or one "
+        f"of {listed}, or add {pinned} to --gate-depths"
+    )

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from eagle_gate import adapters, options
 from eagle_gate.adapters.resolved import export_requested, requested_flags
 from eagle_gate.config import ENV_RESOLVED, ConfigError, GateConfig, resolve_config
+from eagle_gate.depths import pinned_depth_refusal
 from eagle_gate.ops import check_environment
 from eagle_gate.statusdir import start_launch
 
@@ -117,9 +118,16 @@ def check_resolved(
     spec = adapter.resolve_spec(server_args, requested_flags(sglang_argv))
     if spec.speculating:
         logger.info("eagle_gate: SGLang resolved speculation: %s", spec.describe())
-    return adapter.check_spec(
+    verdict = adapter.check_spec(
         spec, draft_sync=plain_draft_sync(config), depths=config.depths
     )
+    if spec.speculating:
+        why = pinned_depth_refusal(
+            config.policy, config.settings, config.depths, spec.num_steps or 1
+        )
+        if why:
+            raise adapters.GateRefused(why)
+    return verdict
 
 
 def plain_draft_sync(config: GateConfig) -> str | None:

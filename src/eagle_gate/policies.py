@@ -18,8 +18,9 @@ class AlwaysSpec:
     """Speculate on every step: SGLang's stock behaviour, for comparison.
 
     ``depth``: on a server with ``--gate-depths``, every SPEC step at this
-    draft depth instead of the configured one (one of the server's depths,
-    else each step is a policy error and runs SGLang's step); 0, the
+    draft depth instead of the configured one (one of the server's depths:
+    another is refused at launch, and set at runtime each step is a policy
+    error and runs SGLang's step); 0, the
     default, is the configured depth. It pins a depth at runtime, e.g. to
     time each depth on one server (``examples/validate_gpu.py`` section 5).
     A server that cannot change depth ignores it, as the policy contract says.

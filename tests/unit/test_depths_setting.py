@@ -33,3 +33,35 @@ def test_lazy_draft_sync_with_depths_fails_at_launch():
         resolve_config(environ=env)
     env["EAGLE_GATE_DRAFT_SYNC"] = "none"
     assert resolve_config(environ=env).depths == "auto"
+
+
+def test_always_pinned_to_a_depth_the_server_lacks_is_refused_at_launch():
+    """``always depth=d`` outside the server's depths was a policy error on
+    every step (SGLang's step ran): the launcher now refuses it once SGLang
+    has resolved the configured depth, before a model loads. 0 (the
+    configured depth), a depth in the set, another policy, and a server
+    without --gate-depths (it ignores the setting) pass."""
+    import types
+
+    from eagle_gate import adapters, launch
+    from eagle_gate.config import GateConfig
+    from eagle_gate.depths import pinned_depth_refusal
+
+    why = pinned_depth_refusal("always", {"depth": 4}, "auto", 3)
+    assert "depth=4" in why and "SPEC depths 1,2,3" in why and "0 (the" in why
+    assert pinned_depth_refusal("always", {"depth": 2}, "auto", 3) is None
+    assert pinned_depth_refusal("always", {"depth": 0}, "auto", 3) is None
+    assert pinned_depth_refusal("always", {}, "1,5", 3) is None
+    assert pinned_depth_refusal("always", {"depth": 4}, "off", 3) is None
+    assert pinned_depth_refusal("goodput", {"depth": 4}, "auto", 3) is None
+
+    spec = types.SimpleNamespace(speculating=True, num_steps=3, describe=str)
+    adapter = types.SimpleNamespace(
+        resolve_spec=lambda server_args, flags: spec,
+        check_spec=lambda spec, draft_sync, depths: (True, "gating"),
+    )
+    ok = GateConfig(policy="always", settings={"depth": 2}, depths="auto")
+    assert launch.check_resolved(adapter, None, [], ok) == (True, "gating")
+    bad = GateConfig(policy="always", settings={"depth": 5}, depths="auto")
+    with pytest.raises(adapters.GateRefused, match="depth=5 is not one of"):
+        launch.check_resolved(adapter, None, [], bad)
