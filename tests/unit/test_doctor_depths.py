@@ -25,3 +25,13 @@ def test_doctor_row_shows_the_depth_set_and_the_kv_reserve():
     )
     single = depths_row(SimpleNamespace(speculating=True, num_steps=1), "auto")
     assert single is not None and "binary" in single.detail
+
+
+def test_doctor_row_refuses_always_pinned_outside_the_set_as_the_launcher_does():
+    from eagle_gate.depths import pinned_depth_refusal
+
+    spec = SimpleNamespace(speculating=True, num_steps=3)
+    row = depths_row(spec, "auto", "always", {"depth": 5})
+    assert row is not None and not row.ok
+    assert pinned_depth_refusal("always", {"depth": 5}, "auto", 3) in row.detail
+    assert depths_row(spec, "auto", "always", {"depth": 2}).ok

@@ -98,9 +98,11 @@ def run_checks(
     checks.append(check_sglang_plugin(adapter, env))
     setting_checks, resolved = check_settings(args, env)
     checks += setting_checks
+    policy, settings = "", {}
     if resolved is not None:
         status_dir, draft_sync = resolved.status_dir, plain_draft_sync(resolved)
         depths = resolved.depths
+        policy, settings = resolved.policy, resolved.settings
     else:  # go on with the values as given, so that their checks still run
         raw = config.unvalidated(options.cli_values(args), env)
         status_dir = raw["status_dir"]
@@ -108,7 +110,9 @@ def run_checks(
         depths = raw.get("depths") or "off"
     checks.append(check_status_dir(status_dir))
     if adapter is not None:
-        checks += check_speculative(adapter, sglang_argv, draft_sync, env, depths)
+        checks += check_speculative(
+            adapter, sglang_argv, draft_sync, env, depths, policy, settings
+        )
     return checks
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from eagle_gate import adapters, config, options
 from eagle_gate.adapters.resolved import requested_flags
 from eagle_gate.config import ConfigError
-from eagle_gate.depths import DEPTHS_OFF, depth_set
+from eagle_gate.depths import DEPTHS_OFF, depth_set, pinned_depth_refusal
 from eagle_gate.doctor.report import Check
 from eagle_gate.options import Origin
 from eagle_gate.statusdir import StatusDirError, check_private
@@ -183,28 +183,42 @@ def check_speculative(
     draft_sync: str | None,
     env: Mapping[str, str],
     depths: str = "off",
+    policy: str = "",
+    settings: Mapping[str, Any] | None = None,
 ) -> list[Check]:
     """:func:`check_speculative_flags`' row and, with ``--gate-depths`` on a
     setup the launcher accepts, the depths row (:func:`depths_row`): one
     resolution of the command line serves both."""
     row, spec = _speculative_flags(adapter, sglang_argv, draft_sync, env, depths)
-    extra = depths_row(spec, depths) if row.ok and spec is not None else None
+    extra = None
+    if row.ok and spec is not None:
+        extra = depths_row(spec, depths, policy, settings or {})
     return [row] if extra is None else [row, extra]
 
 
-def depths_row(spec: Any, setting: str) -> Check | None:
+def depths_row(
+    spec: Any,
+    setting: str,
+    policy: str = "",
+    settings: Mapping[str, Any] | None = None,
+) -> Check | None:
     """What ``--gate-depths setting`` gives a resolved speculative setup
     before anything is built: the depth set, the KV each running request
     keeps in reserve (SGLang sizes it for the deepest depth, ``2*(max+1)``
     tokens with a chain, against ``2*(k+1)`` for the configured depth alone:
     paid whether or not a policy ever runs the deepest), and where the
-    measured per-depth cost appears. None where depths are off or nothing
-    speculates."""
+    measured per-depth cost appears; failed where ``always depth=d`` pins a
+    depth outside the set (the launcher's refusal, same message). None where
+    depths are off or nothing speculates."""
     if setting == DEPTHS_OFF or not getattr(spec, "speculating", False):
         return None
     k = max(1, int(spec.num_steps or 1))
     depths = depth_set(setting, k)
     name = "draft depths"
+    why = pinned_depth_refusal(policy, settings or {}, setting, k)
+    if why:
+        fix = "pin a depth of the set, or add it to --gate-depths"
+        return Check(name, False, f"refused: {why}", fix=fix)
     if depths is None:
         detail = f"--gate-depths {setting}: only the configured depth {k}; binary"
         return Check(name, True, detail)
