@@ -200,15 +200,15 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
             # the home mode's times its ratio to it where it did run
             mb = round(fit_a.mb)
             t_a = t_h * fit_a.predict(mb) / fit_h.predict(mb)
+        step = view.step
+        margin = self._margin
         if home is _SPEC:
             gain = _log(accept * t_a / t_h)  # SPEC's log gain over PLAIN
         else:
             gain = -_log(accept * t_h / t_a)  # PLAIN's, from PLAIN
-            if self._ahead >= 0 and gain > self._margin:
+            if self._ahead >= 0 and gain > margin:
                 # SPEC behind by the margin, as when it is left: a run ends
-                self._end_run(view.step)
-        step = view.step
-        margin = self._margin
+                self._end_run(step)
         # switch: leaving SPEC costs nothing now; entering it pays a resync,
         # so SPEC is entered at most once per dwell, where it stays ahead
         # long enough to gain that back (and no switch follows another
@@ -322,11 +322,11 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
     def _blind_hold(self, b: int, gain: float, t_s: float, t_p: float) -> bool:
         """Stay in SPEC after an acceptance drop where PLAIN would be blind
         (lazy/none sync: no PLAIN step ever carried the draft's matches) and
-        acceptance changes
-        every ``gap`` steps: PLAIN gains ``-gain`` per step until the next
-        change, but a rise is seen only by looks at SPEC, which the budget
-        pays every ``L`` steps (each long enough to see a change: ~16
-        requests); the steps until one lands cost the rise's gain."""
+        acceptance changes every ``gap`` steps: PLAIN gains ``-gain`` per
+        step until the next change, but a rise is seen only by looks at
+        SPEC, which the budget pays every ``L`` steps (each long enough to
+        see a change: ~16 requests); the steps until one lands cost the
+        rise's gain."""
         gap = self._change_gap
         a_hi = self._check_a
         if self._req_plain or not gap or a_hi <= self._accept:
