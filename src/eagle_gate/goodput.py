@@ -80,6 +80,7 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
         "_decided", "_probed", "_prev_mode", "_next_check", "_lean",
         "_change_step", "_change_gap", "_refill", "_check_a", "_check_p",
         "_stay", "_prov", "_probe_sign", "_probe_lim", "_ahead", "_switch_b",
+        "_look_a", "_look_n", "_look_r", "_look_end",
     )  # fmt: skip
 
     def __init__(
@@ -146,6 +147,10 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
         # step may stand in)
         self._prov: bool | None = False
         self._change_gap = 0.0  # steps between changes (0: none seen)
+        # a blind look at SPEC: the level before it (0 requests: none on)
+        self._look_a = self._look_n = 0.0
+        self._look_r = 0
+        self._look_end = -(1 << 62)  # the step of a look's last SPEC sample
 
     # -- deciding -------------------------------------------------------------
 
@@ -331,6 +336,8 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
         a_hi = self._check_a
         if self._req_plain or not gap or a_hi <= self._accept:
             return False
+        if self._acc.n < FAST_REQUESTS:
+            return True
         g_hi = _log(a_hi * t_p / t_s)
         if g_hi <= 0.0:
             return False
@@ -382,8 +389,12 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
             acc = self._acc
             if prev is not _SPEC:
                 self._rebase(acc)
+                if self.home is _PLAIN:
+                    self._start_look(acc, outcome.step)
             before = acc.slow
-            if acc.add(outcome.tokens / b, b):
+            if acc.add(outcome.tokens / b, b) or (
+                self._look_n and self._look_changed(outcome.step)
+            ):
                 self._changed(outcome.step)
                 # SPEC saw a change: the PLAIN-side agreement describes the
                 # old acceptance, so it is re-anchored on the next PLAIN

@@ -1,13 +1,16 @@
-"""How the ``goodput`` policy keeps its acceptance while PLAIN runs (eager
-draft sync): the SPEC steps' accept length moved along with the PLAIN-side
-first-position agreement through the draft's depth profile, a SPEC-side
-change checked against the PLAIN side, and the SPEC estimate rebased at the
-first SPEC step after PLAIN. A mix-in of :class:`eagle_gate.goodput.Goodput`
-(its state is declared there); docs/goodput.md says why each is there."""
+"""How the ``goodput`` policy keeps its acceptance while PLAIN runs: under
+eager draft sync the SPEC steps' accept length moved along with the
+PLAIN-side first-position agreement through the draft's depth profile, a
+SPEC-side change checked against the PLAIN side, and the SPEC estimate
+rebased at the first SPEC step after PLAIN; under lazy and none sync (PLAIN
+blind) each look at SPEC tested as one block. A mix-in of
+:class:`eagle_gate.goodput.Goodput` (its state is declared there);
+docs/goodput.md says why each is there."""
 
 from __future__ import annotations
 
-from eagle_gate.goodput_estimates import Z_CHANGE2, Level, depth
+from eagle_gate.goodput_estimates import SLOW_REQUESTS, Z_CHANGE2, Level, depth
+from eagle_gate.policy import Mode
 
 __all__ = ["PREDICTED_REQUESTS", "GoodputAcceptance"]
 
@@ -20,6 +23,20 @@ PREDICTED_REQUESTS = 16.0
 #: standard errors (squared) is replaced by the PLAIN side's view (2.5: two
 #: estimates disagree, not one against noise).
 _Z_ANCHOR2 = 2.5 * 2.5
+#: a look at SPEC from blind PLAIN (lazy/none sync) whose samples, as one
+#: block, lie beyond this many standard errors (squared) of the acceptance
+#: before it restarts the estimate from them (2.5: looks are hundreds of
+#: steps apart, so a looser bar than the CUSUM's costs little; 3 left
+#: lazy period 1000 at batch 1 at 0.940 of oracle-mean, 2.5 0.973). The
+#: CUSUM alone needs ~10 steps at batch 1, and a level restarted from few
+#: requests takes in a look's samples before its sum gets there.
+_Z_LOOK2 = 2.5 * 2.5
+#: a look's block is tested from this many requests on (4: a single step
+#: at batch 4 could restart it, and lazy period 300 at batch 4 fell from
+#: 0.953 to 0.939).
+_LOOK_REQUESTS = 8.0
+#: SPEC samples at most this many steps apart belong to one look.
+_LOOK_GAP = 4
 
 
 class GoodputAcceptance:
@@ -34,6 +51,12 @@ class GoodputAcceptance:
     _s: int
     _check_a: float
     _check_p: float
+    _look_a: float
+    _look_n: float
+    _look_r: int
+    _look_end: int
+    _req_plain: int
+    home: Mode
 
     def _acc_rel_var(self) -> float:
         """Squared relative standard error of the acceptance estimate."""
@@ -103,3 +126,34 @@ class GoodputAcceptance:
             acc.slow = a
         elif d * d > Z_CHANGE2 * acc.var / acc.n:
             acc.restart(a, PREDICTED_REQUESTS)
+
+    def _start_look(self, acc: Level, step: int) -> None:
+        """A SPEC step after PLAIN while PLAIN is chosen, ``_LOOK_GAP`` steps
+        or more after the last one: a look. Blind (no PLAIN step ever
+        carried the draft's matches), its samples are tested as one block
+        (:meth:`_look_changed`); a look that goes on after a PLAIN step or
+        two (a lean decided on a late outcome) stays one block."""
+        if step > self._look_end + _LOOK_GAP and not self._req_plain:
+            self._look_a, self._look_n, self._look_r = acc.slow, acc.n, acc.restarts
+
+    def _look_changed(self, step: int) -> bool:
+        """A SPEC sample in a blind look: where the look's samples (what the
+        level gained since it began) lie beyond ``_Z_LOOK2`` of the level
+        before it, the level restarts from them; True then (a change)."""
+        self._look_end = step
+        acc = self._acc
+        n0 = self._look_n
+        n = acc.n - n0
+        if self.home is not Mode.PLAIN or acc.restarts != self._look_r:
+            self._look_n = 0.0  # (over: SPEC chosen, or the CUSUM restarted)
+            return False
+        if n < _LOOK_REQUESTS or acc.n >= SLOW_REQUESTS:
+            return False
+        a0 = self._look_a
+        m = (acc.slow * acc.n - a0 * n0) / n
+        d = m - a0
+        if d * d <= _Z_LOOK2 * acc.var * (1.0 / n + 1.0 / n0):
+            return False
+        self._look_n = 0.0
+        acc.restart(m, n)
+        return True

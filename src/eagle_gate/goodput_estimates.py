@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["FAST_REQUESTS", "Z_CHANGE2", "Level", "StepTime", "depth"]
+__all__ = ["FAST_REQUESTS", "SLOW_REQUESTS", "Z_CHANGE2", "Level", "StepTime", "depth"]
 
 #: requests behind a level restarted from a prediction (the PLAIN side's),
 #: and the samples a reference needs before it is trusted.
@@ -24,7 +24,7 @@ FAST_REQUESTS = 16.0
 #: requests behind the slow acceptance estimates at most: about 1% of
 #: relative noise, and a lag of ~128 steps at batch 8 behind a gradual drift
 #: (a class mix that moves with the requests), where no restart fires.
-_SLOW_REQUESTS = 2048.0
+SLOW_REQUESTS = 2048.0
 #: a restart is taken where a gap of the level and the PLAIN side's
 #: prediction exceeds this many standard errors (squared).
 Z_CHANGE2 = 4.0 * 4.0
@@ -69,7 +69,7 @@ _FLOOR = 0.02
 
 class Level:
     """A mean over requests that follows changes: a slow mean (up to
-    ``_SLOW_REQUESTS`` requests) and a two-sided CUSUM on the steps'
+    ``SLOW_REQUESTS`` requests) and a two-sided CUSUM on the steps'
     deviations from it; where one side's sum passes ``_CUSUM_H`` the mean
     restarts from the samples since that excursion began (a change, not
     noise). Unlike a fast/slow pair of means, a CUSUM accumulates a moderate
@@ -90,7 +90,7 @@ class Level:
         n = self.n
         if n == 0.0:
             self.slow = mean
-            self.n = b if b < _SLOW_REQUESTS else _SLOW_REQUESTS
+            self.n = b if b < SLOW_REQUESTS else SLOW_REQUESTS
             return False
         slow = self.slow
         d = mean - slow
@@ -128,8 +128,8 @@ class Level:
         elif self.dn:
             self.dn = self.dn_s = self.dn_n = 0.0
         n += b
-        if n > _SLOW_REQUESTS:
-            n = _SLOW_REQUESTS
+        if n > SLOW_REQUESTS:
+            n = SLOW_REQUESTS
         self.slow = slow + b / n * d
         self.n = n
         return False
@@ -145,7 +145,7 @@ class Level:
         ``n`` requests say)."""
         self.forget()
         self.slow = value
-        self.n = n if n < _SLOW_REQUESTS else _SLOW_REQUESTS
+        self.n = n if n < SLOW_REQUESTS else SLOW_REQUESTS
         self.restarts += 1
 
 

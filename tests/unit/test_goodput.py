@@ -839,6 +839,38 @@ def test_lazy_sync_sees_a_rise_within_1000_steps():
     assert sorted(counts)[len(counts) // 2] <= 1000, counts
 
 
+def _look(pol, step, lens, dt=_TS1):
+    """Feed one SPEC outcome per accept length (batch 1) from ``step`` on."""
+    for k, n in enumerate(lens):
+        pol.observe(StepOutcome(Mode.SPEC, 1, n, (n,), dt, step + k, None))
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_a_blind_look_is_tested_as_one_block(lazy):
+    """Lazy sync, PLAIN chosen, acceptance ~1.9 known from 40 SPEC samples
+    at batch 1: a look of eight SPEC steps accepting 4, 4, 2, 4, 3, 4, 2, 4
+    (a rise to ~0.88) restarts the estimate at its mean (3.375), so the next decision
+    can enter SPEC. The CUSUM alone (each step's deviation clipped at 2
+    standard errors, less 0.5, against a mean that takes in the look's own
+    samples) ends below its threshold: without the block test the estimate
+    stays near 2. Under eager sync (a PLAIN step carried the draft's
+    matches) the PLAIN side follows acceptance and looks are not blocks."""
+    pol = Goodput(initial_mode="plain")
+    _look(pol, 0, [2, 1, 3, 2, 1, 2, 2, 3, 1, 2] * 4)
+    for i in range(40, 90):
+        pol.observe(StepOutcome(Mode.PLAIN, 1, 1, (1,), _TP1, i, None if lazy else 1))
+    before = pol.estimates()
+    assert before["accept_length_spec"] == pytest.approx(1.9, abs=0.05)
+    _look(pol, 90, [4, 4, 2, 4, 3, 4, 2, 4])
+    after = pol.estimates()
+    if lazy:
+        assert after["acceptance_restarts"] == before["acceptance_restarts"] + 1
+        assert after["accept_length"] == pytest.approx(3.375)
+    else:
+        assert after["acceptance_restarts"] == before["acceptance_restarts"]
+        assert after["accept_length_spec"] < 2.5
+
+
 def test_blind_looks_come_as_often_as_acceptance_changes():
     """Lazy sync (no ``draft_matches``), acceptance flipping 0.88 <-> 0.5
     every 300 steps at batch 4: once changes have been seen, looks at SPEC
