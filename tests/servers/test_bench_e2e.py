@@ -19,7 +19,7 @@ import sys
 
 import pytest
 import sglang_env
-from support.server import serve, serve_together
+from support.server import free_port, serve, serve_together
 from support.timings import note
 
 pytestmark = pytest.mark.skipif(
@@ -55,6 +55,9 @@ def test_bench_tool_against_baseline_eagle3_and_gated_servers(spec_models, tmp_p
         cmd = [sys.executable, "-m", "eagle_gate.bench"]
         for name, url in urls.items():
             cmd += ["--server", f"{name}={url}"]
+        # a server that is not there: its runs fail, the others go on
+        # (tests/servers/test_bench_serving.py checks this on 0.5.9)
+        cmd += ["--server", f"dead=http://127.0.0.1:{free_port()}"]
         cmd += [
             "--gate-status", f"gated={tmp_path / 'status'}",
             "--concurrency", "1,2", "--num-prompts-per-level", "2",
@@ -72,9 +75,15 @@ def test_bench_tool_against_baseline_eagle3_and_gated_servers(spec_models, tmp_p
         assert name in table
     doc = json.loads((tmp_path / "bench" / "results.json").read_text())
     runs = {(r["server"], r["concurrency"]): r for r in doc["runs"]}
-    assert set(runs) == {(n, c) for n in servers for c in (1, 2)}
+    assert set(runs) == {(n, c) for n in (*servers, "dead") for c in (1, 2)}
     failed = {k: r.get("error") for k, r in runs.items() if not r.get("ok")}
-    assert not failed, failed
+    assert set(failed) == {("dead", 1), ("dead", 2)}, failed
+    assert all(failed.values()), failed  # (each failed run says why)
+    runs = {k: r for k, r in runs.items() if k[0] != "dead"}
+    info = {s["name"]: s["info"] for s in doc["servers"] if s.get("info")}
+    assert info["baseline"]["model_path"] == str(target)
+    assert not info["baseline"].get("speculative_algorithm")
+    assert info["eagle3"].get("speculative_algorithm"), info["eagle3"]
     assert all(r["output_tok_s"] > 0 for r in runs.values())
     # the ratio columns of the first table: a number for every level
     first = table.split("output tok/s")[1]

@@ -1,5 +1,10 @@
 """``python -m eagle_gate.bench`` driving SGLang's real ``sglang.bench_serving``
-against one stock CPU server (and a dead URL), both SGLang versions.
+against one stock CPU server (and a dead URL), on SGLang 0.5.9.
+
+On 0.5.23 ``tests/servers/test_bench_e2e.py`` drives the same real
+``sglang.bench_serving`` against three servers, a dead URL among them: this
+module runs on 0.5.9 only, where that one cannot (about 3.5 minutes of a CI
+session saved).
 
 The CPU virtual environments install SGLang without its ``datasets``
 dependency, which ``sglang.bench_serving`` 0.5.9 imports at module level; the
@@ -16,10 +21,18 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+import sglang_env
 from support.server import cpu_server_env, free_port, serve
 
 from eagle_gate.bench.__main__ import main
 from eagle_gate.bench.runner import load_results
+
+pytestmark = pytest.mark.skipif(
+    sglang_env.version() == "0.5.23",
+    reason="on 0.5.23 test_bench_e2e.py drives the real sglang.bench_serving "
+    "against three servers and a dead URL (see the module doc)",
+)
 
 
 def test_real_bench_serving_against_stock_cpu_server(tiny_model, tmp_path, monkeypatch):
