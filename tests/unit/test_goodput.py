@@ -849,8 +849,8 @@ def _look(pol, step, lens, dt=_TS1):
 def test_a_blind_look_is_tested_as_one_block(lazy):
     """Lazy sync, PLAIN chosen, acceptance ~1.9 known from 40 SPEC samples
     at batch 1: a look of eight SPEC steps accepting 4, 4, 2, 4, 3, 4, 2, 4
-    (a rise to ~0.88) restarts the estimate at its mean (3.375), so the next decision
-    can enter SPEC. The CUSUM alone (each step's deviation clipped at 2
+    (a rise to ~0.88) restarts the estimate at its mean (3.375), so the next
+    decision can enter SPEC. The CUSUM alone (each step's deviation clipped at 2
     standard errors, less 0.5, against a mean that takes in the look's own
     samples) ends below its threshold: without the block test the estimate
     stays near 2. Under eager sync (a PLAIN step carried the draft's
