@@ -204,7 +204,12 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
             # far from every batch the other mode ran at: its time there is
             # the home mode's times its ratio to it where it did run
             mb = round(fit_a.mb)
-            t_a = t_h * fit_a.predict(mb) / fit_h.predict(mb)
+            t_r = t_h * fit_a.predict(mb) / fit_h.predict(mb)
+            # SPEC grows dearer relative to PLAIN with the batch: beyond the
+            # batches it ran at, that ratio is a lower bound, and its own
+            # line says more where its slope was measured
+            if away is _PLAIN or b < mb or t_r > t_a:
+                t_a = t_r
         step = view.step
         margin = self._margin
         if home is _SPEC:

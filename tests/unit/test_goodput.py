@@ -344,6 +344,19 @@ def test_probes_that_cannot_turn_the_decision_are_not_paid():
     assert _spec_at(modes, 128) == 0
 
 
+def test_a_spec_line_is_not_stretched_by_its_ratio_beyond_its_batches():
+    """Resync 0.03, batch flipping 2 <-> 128. After the start, SPEC's line
+    holds many steps at batch 2 and one at 128 (leverage just over 1 there,
+    so "far"). Its ratio to PLAIN at its mean batch (~1.5x) put SPEC at
+    128 within the margin of PLAIN, and a SPEC probe ran there at steps 14
+    and 15, where SPEC is 6x PLAIN and its own line says so. SPEC grows
+    dearer relative to PLAIN with the batch: beyond the batches it ran at,
+    that ratio is a lower bound, not the estimate."""
+    pol = Goodput()
+    modes, _ = drive(pol, 400, _flipping, _tp, _ts, 3.0, resync=0.03)
+    assert _spec_at(modes, 128, start=8) == 0
+
+
 @pytest.mark.parametrize("resync", [0.004, 0.012, 0.03])
 def test_a_batch_that_settles_where_spec_is_ahead_gets_spec(resync):
     """3,000 steps flipping 2 <-> 128 teach that SPEC stays ahead 4 steps
