@@ -50,6 +50,8 @@ per-depth figures in place.
 
 from __future__ import annotations
 
+import math
+
 from eagle_gate.goodput import Goodput
 from eagle_gate.goodput_accept import PREDICTED_REQUESTS
 from eagle_gate.goodput_estimates import Level, StepTime
@@ -73,6 +75,20 @@ _POS_REQUESTS = 2048.0
 _DEPTH_CREDIT = 0.6
 #: requests behind a position before its acceptance is used.
 _POS_MIN = 8.0
+#: from SPEC, a timed depth becomes home where its lead over the home depth
+#: (log tokens/s) exceeds this plus ``_Z_DEPTH`` standard errors of the
+#: comparison at the batch (see _lead; a fixed 2% margin let depths 1 and 3,
+#: 2.4% apart under +-12% step-time noise, trade places every few looks on
+#: close-spec-5 C=8: 0.986 of ``goodput``), and is probed while within
+#: ``2 * _Z_DEPTH`` of that and its line is the less known of the two (a
+#: depth that is not home gets samples only from probes).
+_DEPTH_MOVE = 0.005
+_Z_DEPTH = 1.0
+#: such a probe is paid from the budget at what it is expected to lose (its
+#: shortfall against the home depth, at least this share of its steps' time),
+#: not at its whole time: between two depths within a few percent the whole
+#: time left the probes unaffordable beside goodput's own.
+_PROBE_LOSS_FLOOR = 0.05
 #: Newton steps per look on the scale of the per-position acceptance (from
 #: the last look's scale: the target moves little between looks).
 _NEWTON = 2
@@ -97,7 +113,7 @@ class GoodputDepths(Goodput):
         "_depth", "_depths", "_d_times", "_d_acc", "_d_last", "_pos_n",
         "_pos_m", "_pend", "_pend_b", "_pend_h", "_q", "_exp", "_rate",
         "_known", "_line", "_r", "_dprobe_left", "_dprobe_depth", "_dprobe_w",
-        "_dprobe_t", "_next_depth",
+        "_dprobe_t", "_next_depth", "_se", "_rival_less_known",
     )  # fmt: skip
 
     def __init__(self, **settings: object) -> None:
@@ -126,6 +142,8 @@ class GoodputDepths(Goodput):
         # timed ones), past probe_steps at this time per step from the budget
         self._dprobe_w = 0
         self._dprobe_t = 0.0
+        self._se = 0.0  # the last _lead's standard error
+        self._rival_less_known = False
 
     def _setup(self, view: StepView) -> None:
         depths = view.depths
@@ -273,9 +291,10 @@ class GoodputDepths(Goodput):
                 if fit.w > 0.0:
                     mb = round(fit.mb)
                     line[d] = t_p * fit.predict(mb) / fit_p.predict(mb)
-        # the best depth of all, the best measured one (known), and the best
-        # with a line near b or the shallowest (what PLAIN looks at)
-        best = best_k = best_p = 0
+        # the best depth of all, the best measured one (known), the best
+        # measured one but home (alt), and the best with a line near b or
+        # the shallowest (what PLAIN looks at)
+        best = best_k = best_p = alt = 0
         lo, t_lo, lo2, t_lo2 = 0, t_p, 0, t_p  # the two deepest lines so far
         for i, d in enumerate(depths):
             t = line[d]
@@ -312,6 +331,8 @@ class GoodputDepths(Goodput):
                 best = d
             if known[d] and (not best_k or r > rate[best_k]):
                 best_k = d
+            if known[d] and d != home and (not alt or r > rate[alt]):
+                alt = d
             if lined and (not best_p or r > rate[best_p]):
                 best_p = d
         bar = rate[home] * (1.0 + _DEPTH_MARGIN)
@@ -329,9 +350,26 @@ class GoodputDepths(Goodput):
             # deep depth's are the most sensitive to it; wait for samples
             # (goodput's own probes of PLAIN wait likewise)
             return 0
-        if best_k and best_k != home and rate[best_k] > bar:
-            self._set_depth(best_k)
-            return 0
+        if alt:  # (the best timed depth but the home depth)
+            if rate[home] <= 0.0:  # (the home depth has no line at all)
+                self._set_depth(alt)
+                return 0
+            lead = self._lead(alt, b, rate[alt] / rate[home])
+            if lead > 0.0:
+                self._set_depth(alt)
+                return 0
+            if lead > -2.0 * _Z_DEPTH * self._se and self._rival_less_known:
+                # within the lines' noise: a probe, paid at what its steps
+                # are expected to lose against the home depth
+                n = self.probe_steps
+                loss = 1.0 - rate[alt] / rate[home]
+                if loss < _PROBE_LOSS_FLOOR:
+                    loss = _PROBE_LOSS_FLOOR
+                t = loss * exp[alt] / rate[alt]
+                if not self._afford(n * t, n * t, _PROBE_MAX * n * t):
+                    return 0
+                self._dprobe_t = t
+                return alt
         if best == best_k or rate[best] <= bar:
             return 0
         if best == depths[0] and not line[best]:
@@ -356,6 +394,41 @@ class GoodputDepths(Goodput):
             return 0
         self._dprobe_t = t
         return best
+
+    def _lead(self, d: int, b: int, ratio: float) -> float:
+        """How far depth ``d``'s lead over the home depth (its tokens/s
+        ``ratio`` to it) lies beyond ``_DEPTH_MOVE`` and ``_Z_DEPTH``
+        standard errors of the comparison at ``b`` (log scale; positive: a
+        move): the two step-time lines' noise and the per-position
+        acceptances' between the two depths. Keeps the standard error in
+        ``_se``, and in ``_rival_less_known`` whether ``d``'s line is the
+        less known of the two at ``b`` (only then is a probe of it worth
+        more samples). At a look only (every ``_CHECK_EVERY`` steps)."""
+        fd = self._d_times[d]
+        fh = self._d_times[self._depth]
+        lev = fd.leverage(b)
+        se2 = fd.res * lev
+        if fh.w > 0.0:
+            lev_h = fh.leverage(b)
+            se2 += fh.res * lev_h
+            self._rival_less_known = lev > lev_h
+        else:
+            self._rival_less_known = True
+        # the positions between the two depths: each one's acceptance is a
+        # share of the requests that reached it (binomial), and moves the
+        # deeper depth's tokens by the expected tokens from it on
+        lo, hi = (d, self._depth) if d < self._depth else (self._depth, d)
+        exp, q, m = self._exp, self._q, self._pos_m
+        top = exp[hi]
+        for j in range(lo + 1, hi + 1):
+            qj = q[j]
+            mj = m[j] if m[j] > _POS_MIN else _POS_MIN
+            if 0.0 < qj < 1.0:
+                tail = (top - exp[j - 1]) / top
+                se2 += tail * tail * (1.0 - qj) / (qj * mj)
+        se = math.sqrt(se2)
+        self._se = se
+        return math.log(ratio) - _DEPTH_MOVE - _Z_DEPTH * se
 
     def _depth_probe(self, depth: int, step: int) -> Mode:
         """Start a probe of ``depth``: ``probe_steps`` steps, then on until
