@@ -7,11 +7,11 @@ it, so it decides exactly as ``goodput`` does.
 
 With several depths, ``goodput``'s rule still chooses between PLAIN and SPEC,
 where SPEC means the *home depth*; this layer chooses the home depth. Its
-estimates:
+estimates (the acceptance's in :mod:`eagle_gate.goodput_depths_estimates`):
 
 * acceptance per position: from ``StepOutcome.accepted_at_least``, per
   position ``j`` the requests that reached ``j - 1`` accepted drafts and
-  those of them that accepted the ``j``-th (at most ``_POS_REQUESTS``
+  those of them that accepted the ``j``-th (at most 2,048
   requests' worth each); a depth's expected tokens per request are
   ``1 + q1 + q1 q2 + ...``, positions never seen extrapolated with the last
   one seen, every position scaled by one factor so that the home depth's
@@ -29,11 +29,16 @@ estimates:
   the batch are used (as their ratio to PLAIN where they ran) only where no
   line is near it: that ratio flatters deep depths at large batches.
 
-Every ``_CHECK_EVERY`` steps, at this batch: the measured depth with the
-highest expected tokens/s becomes the home depth where it beats the home
-depth by ``_DEPTH_MARGIN``; from PLAIN, the shallowest depth may become the
-home depth before it ran near this batch (``goodput``'s probes of SPEC then
-run it: the cheapest SPEC at a large batch is the shallowest depth). From
+Every ``_CHECK_EVERY`` steps, at this batch: from SPEC, the measured depth
+with the highest expected tokens/s but the home depth becomes home where
+its lead passes ``_DEPTH_MOVE`` and one standard error of the comparison
+(the step-time lines' noise, the positions' between the two depths), and
+is probed while within two of them and its line is the less known (paid at
+its expected loss); from PLAIN, the best depth run near this batch becomes
+home where it beats the home depth by ``_DEPTH_MARGIN``, and the shallowest
+depth may become the home depth before it ran near this batch
+(``goodput``'s probes of SPEC then run it: the cheapest SPEC at a large
+batch is the shallowest depth). From
 SPEC, the shallowest depth never run near this batch that could beat the
 home depth by the margin becomes home (tried by running it), and the
 shallowest other depth known only by its prior that could is probed (the
@@ -50,10 +55,9 @@ per-depth figures in place.
 
 from __future__ import annotations
 
-import math
-
 from eagle_gate.goodput import Goodput
 from eagle_gate.goodput_accept import PREDICTED_REQUESTS
+from eagle_gate.goodput_depths_estimates import Z_DEPTH, DepthEstimates
 from eagle_gate.goodput_estimates import Level, StepTime
 from eagle_gate.goodput_settings import GOODPUT_SETTINGS
 from eagle_gate.hookspecs import hookimpl
@@ -68,43 +72,19 @@ _PLAIN = Mode.PLAIN
 _CHECK_EVERY = 8
 #: another depth must beat the home depth's tokens/s by this share.
 _DEPTH_MARGIN = 0.02
-#: requests' worth behind a position's acceptance at most (older counts
-#: are scaled down when a look finds more).
-_POS_REQUESTS = 2048.0
 #: depth probes only while the probe budget is at least this share full.
 _DEPTH_CREDIT = 0.6
-#: requests behind a position before its acceptance is used.
-_POS_MIN = 8.0
-#: from SPEC, a timed depth becomes home where its lead over the home depth
-#: (log tokens/s) exceeds this plus ``_Z_DEPTH`` standard errors of the
-#: comparison at the batch (see _lead; a fixed 2% margin let depths 1 and 3,
-#: 2.4% apart under +-12% step-time noise, trade places every few looks on
-#: close-spec-5 C=8: 0.986 of ``goodput``), and is probed while within
-#: ``2 * _Z_DEPTH`` of that and its line is the less known of the two (a
-#: depth that is not home gets samples only from probes).
-_DEPTH_MOVE = 0.005
-_Z_DEPTH = 1.0
 #: such a probe is paid from the budget at what it is expected to lose (its
 #: shortfall against the home depth, at least this share of its steps' time),
 #: not at its whole time: between two depths within a few percent the whole
 #: time left the probes unaffordable beside goodput's own.
 _PROBE_LOSS_FLOOR = 0.05
-#: Newton steps per look on the scale of the per-position acceptance (from
-#: the last look's scale: the target moves little between looks).
-_NEWTON = 2
 #: a depth probe runs at most this many times probe_steps (while it times
 #: nothing: see _depth_probe; 4 cost more than the timing it bought).
 _PROBE_MAX = 3
-#: a position's scaled acceptance is capped here: goodput's acceptance at a
-#: shallow home depth may run past what its positions can give (a PLAIN-side
-#: prediction, noise), and scaling every position to certainty would make
-#: the deepest depth look best.
-_Q_MAX = 0.95
-#: the scale's range (a position's acceptance is capped at 1 anyway).
-_R_MIN, _R_MAX = 0.05, 4.0
 
 
-class GoodputDepths(Goodput):
+class GoodputDepths(DepthEstimates, Goodput):
     """``goodput`` over PLAIN and every SPEC depth (see the module doc)."""
 
     name = "goodput-depths"
@@ -188,75 +168,6 @@ class GoodputDepths(Goodput):
         if mode is _SPEC:
             view.depth = self._depth
         return mode
-
-    def _fit(self) -> bool:
-        """Refresh ``_q`` (per-position acceptance, extrapolated), the scale
-        ``_r`` (two Newton steps towards the home depth's expected tokens
-        matching goodput's acceptance) and ``_exp``, after folding in the
-        counts observed since the last look; False where position 1 was never
-        seen or goodput has no acceptance yet. In place: no allocation."""
-        n, m, q = self._pos_n, self._pos_m, self._q
-        if self._pend_b:
-            m[1] += self._pend_b
-            self._pend_b = 0
-            for d, pend in self._pend.items():
-                if pend:
-                    j = 1
-                    for col in zip(*pend, strict=False):  # (position j: >= j)
-                        got = sum(col)
-                        n[j] += got
-                        if j < d:  # (they reached position j + 1)
-                            m[j + 1] += got
-                        j += 1
-                    pend.clear()
-        last = 0.0
-        for j in range(1, len(n)):
-            mj = m[j]
-            if mj > _POS_REQUESTS:  # (a window of requests: older ones fade)
-                n[j] *= _POS_REQUESTS / mj
-                m[j] = mj = _POS_REQUESTS
-            if mj >= _POS_MIN:
-                last = n[j] / mj
-            elif j == 1:
-                return False
-            q[j] = last
-        if self._accept <= 0.0:
-            return False
-        home = self._depth
-        target = self._accept - 1.0
-        r = self._r
-        for _ in range(_NEWTON):
-            f = df = 0.0
-            reach, dreach = 1.0, 0.0
-            for j in range(1, home + 1):
-                rq = r * q[j]
-                if rq < _Q_MAX:  # (a capped position does not move with r)
-                    dreach = dreach * rq + reach * q[j]
-                    reach *= rq
-                else:
-                    dreach *= _Q_MAX
-                    reach *= _Q_MAX
-                f += reach
-                df += dreach
-            if df <= 0.0:  # every position capped: no slope
-                if f <= target:
-                    break
-                r *= 0.5
-                continue
-            r -= (f - target) / df
-            if r < _R_MIN:
-                r = _R_MIN
-            elif r > _R_MAX:
-                r = _R_MAX
-        self._r = r
-        exp = self._exp
-        tot = reach = 1.0
-        for j in range(1, len(q)):
-            rq = r * q[j]
-            reach *= rq if rq < _Q_MAX else _Q_MAX
-            tot += reach
-            exp[j] = tot
-        return True
 
     def _choose(self, b: int, step: int) -> int:
         """Rate every depth at batch ``b`` (measured or prior time), move the
@@ -358,7 +269,7 @@ class GoodputDepths(Goodput):
             if lead > 0.0:
                 self._set_depth(alt)
                 return 0
-            if lead > -2.0 * _Z_DEPTH * self._se and self._rival_less_known:
+            if lead > -2.0 * Z_DEPTH * self._se and self._rival_less_known:
                 # within the lines' noise: a probe, paid at what its steps
                 # are expected to lose against the home depth
                 n = self.probe_steps
@@ -394,41 +305,6 @@ class GoodputDepths(Goodput):
             return 0
         self._dprobe_t = t
         return best
-
-    def _lead(self, d: int, b: int, ratio: float) -> float:
-        """How far depth ``d``'s lead over the home depth (its tokens/s
-        ``ratio`` to it) lies beyond ``_DEPTH_MOVE`` and ``_Z_DEPTH``
-        standard errors of the comparison at ``b`` (log scale; positive: a
-        move): the two step-time lines' noise and the per-position
-        acceptances' between the two depths. Keeps the standard error in
-        ``_se``, and in ``_rival_less_known`` whether ``d``'s line is the
-        less known of the two at ``b`` (only then is a probe of it worth
-        more samples). At a look only (every ``_CHECK_EVERY`` steps)."""
-        fd = self._d_times[d]
-        fh = self._d_times[self._depth]
-        lev = fd.leverage(b)
-        se2 = fd.res * lev
-        if fh.w > 0.0:
-            lev_h = fh.leverage(b)
-            se2 += fh.res * lev_h
-            self._rival_less_known = lev > lev_h
-        else:
-            self._rival_less_known = True
-        # the positions between the two depths: each one's acceptance is a
-        # share of the requests that reached it (binomial), and moves the
-        # deeper depth's tokens by the expected tokens from it on
-        lo, hi = (d, self._depth) if d < self._depth else (self._depth, d)
-        exp, q, m = self._exp, self._q, self._pos_m
-        top = exp[hi]
-        for j in range(lo + 1, hi + 1):
-            qj = q[j]
-            mj = m[j] if m[j] > _POS_MIN else _POS_MIN
-            if 0.0 < qj < 1.0:
-                tail = (top - exp[j - 1]) / top
-                se2 += tail * tail * (1.0 - qj) / (qj * mj)
-        se = math.sqrt(se2)
-        self._se = se
-        return math.log(ratio) - _DEPTH_MOVE - _Z_DEPTH * se
 
     def _depth_probe(self, depth: int, step: int) -> Mode:
         """Start a probe of ``depth``: ``probe_steps`` steps, then on until
@@ -539,20 +415,11 @@ class GoodputDepths(Goodput):
             self._credit = credit if credit < cap else cap
 
     def _changed(self, step: int) -> None:
-        """An acceptance change: positions beyond the home depth (seen only
-        by probes) are forgotten, the others keep a few requests' weight."""
+        """An acceptance change: goodput's, and the positions' counts (see
+        ``_forget_positions``)."""
         Goodput._changed(self, step)
-        if not self._depth:
-            return
-        n, m = self._pos_n, self._pos_m
-        home = self._depth
-        for j in range(1, len(n)):
-            if j > home:
-                n[j] = m[j] = 0.0
-            elif m[j] > 4.0 * _POS_MIN:
-                f = 4.0 * _POS_MIN / m[j]
-                n[j] *= f
-                m[j] *= f
+        if self._depth:
+            self._forget_positions()
 
 
 @hookimpl
