@@ -33,14 +33,14 @@ Every ``_CHECK_EVERY`` steps, at this batch: from SPEC, the measured depth
 with the highest expected tokens/s but the home depth becomes home where
 its lead passes ``_DEPTH_MOVE`` and one standard error of the comparison
 (the step-time lines' noise, the positions' between the two depths), and
-is probed while within two of them and its line is the less known (paid at
-its expected loss); from PLAIN, the best depth run near this batch becomes
-home where it beats the home depth by ``_DEPTH_MARGIN``, and the shallowest
-depth may become the home depth before it ran near this batch
-(``goodput``'s probes of SPEC then run it: the cheapest SPEC at a large
-batch is the shallowest depth). From
-SPEC, the shallowest depth never run near this batch that could beat the
-home depth by the margin becomes home (tried by running it), and the
+is probed while within two of them where a probe brings ``POS_MIN``
+requests (paid at its expected loss); from PLAIN, the best depth run near
+this batch becomes home where it beats the home depth by
+``_DEPTH_MARGIN``, and the shallowest depth may become the home depth
+before it ran near this batch (``goodput``'s probes of SPEC then run it:
+the cheapest SPEC at a large batch is the shallowest depth). From SPEC, the
+shallowest depth never run near this batch that could beat the home depth
+by the margin becomes home (tried by running it), and the
 shallowest other depth known only by its prior that could is probed (the
 prior is tightest there; ``probe_steps``, on until two steps were timed, at
 most ``_PROBE_MAX`` times that; paid from ``goodput``'s budget, only while
@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from eagle_gate.goodput import Goodput
 from eagle_gate.goodput_accept import PREDICTED_REQUESTS
-from eagle_gate.goodput_depths_estimates import Z_DEPTH, DepthEstimates
+from eagle_gate.goodput_depths_estimates import POS_MIN, Z_DEPTH, DepthEstimates
 from eagle_gate.goodput_estimates import Level, StepTime
 from eagle_gate.goodput_settings import GOODPUT_SETTINGS
 from eagle_gate.hookspecs import hookimpl
@@ -93,7 +93,7 @@ class GoodputDepths(DepthEstimates, Goodput):
         "_depth", "_depths", "_d_times", "_d_acc", "_d_last", "_pos_n",
         "_pos_m", "_pend", "_pend_b", "_pend_h", "_q", "_exp", "_rate",
         "_known", "_line", "_r", "_dprobe_left", "_dprobe_depth", "_dprobe_w",
-        "_dprobe_t", "_next_depth", "_se", "_rival_less_known",
+        "_dprobe_t", "_next_depth", "_se",
     )  # fmt: skip
 
     def __init__(self, **settings: object) -> None:
@@ -123,7 +123,6 @@ class GoodputDepths(DepthEstimates, Goodput):
         self._dprobe_w = 0
         self._dprobe_t = 0.0
         self._se = 0.0  # the last _lead's standard error
-        self._rival_less_known = False
 
     def _setup(self, view: StepView) -> None:
         depths = view.depths
@@ -269,7 +268,13 @@ class GoodputDepths(DepthEstimates, Goodput):
             if lead > 0.0:
                 self._set_depth(alt)
                 return 0
-            if lead > -2.0 * Z_DEPTH * self._se and self._rival_less_known:
+            if (
+                lead > -2.0 * Z_DEPTH * self._se
+                # (a probe at batch 1 or 2 brings fewer requests than a
+                # position needs to count: acc-down b1 seed 7 probed at every
+                # look and went on in PLAIN, 0.898 of depth-oracle)
+                and self.probe_steps * b >= POS_MIN
+            ):
                 # within the lines' noise: a probe, paid at what its steps
                 # are expected to lose against the home depth
                 n = self.probe_steps

@@ -15,20 +15,20 @@ import math
 
 from eagle_gate.goodput_estimates import StepTime
 
-__all__ = ["Z_DEPTH", "DepthEstimates"]
+__all__ = ["POS_MIN", "Z_DEPTH", "DepthEstimates"]
 
 #: requests' worth behind a position's acceptance at most (older counts
 #: are scaled down when a look finds more).
 _POS_REQUESTS = 2048.0
 #: requests behind a position before its acceptance is used.
-_POS_MIN = 8.0
+POS_MIN = 8.0
 #: from SPEC, a timed depth becomes home where its lead over the home depth
 #: (log tokens/s) exceeds this plus ``Z_DEPTH`` standard errors of the
 #: comparison at the batch (see _lead; a fixed 2% margin let depths 1 and 3,
 #: 2.4% apart under +-12% step-time noise, trade places every few looks on
 #: close-spec-5 C=8: 0.986 of ``goodput``), and is probed while within
-#: ``2 * Z_DEPTH`` of that and its line is the less known of the two (a
-#: depth that is not home gets samples only from probes).
+#: ``2 * Z_DEPTH`` of that (a depth that is not home gets samples only from
+#: probes).
 _DEPTH_MOVE = 0.005
 Z_DEPTH = 1.0
 #: Newton steps per look on the scale of the per-position acceptance (from
@@ -59,7 +59,6 @@ class DepthEstimates:
     _exp: list[float]
     _r: float
     _se: float
-    _rival_less_known: bool
 
     def _fit(self) -> bool:
         """Refresh ``_q`` (per-position acceptance, extrapolated), the scale
@@ -87,7 +86,7 @@ class DepthEstimates:
             if mj > _POS_REQUESTS:  # (a window of requests: older ones fade)
                 n[j] *= _POS_REQUESTS / mj
                 m[j] = mj = _POS_REQUESTS
-            if mj >= _POS_MIN:
+            if mj >= POS_MIN:
                 last = n[j] / mj
             elif j == 1:
                 return False
@@ -136,19 +135,12 @@ class DepthEstimates:
         standard errors of the comparison at ``b`` (log scale; positive: a
         move): the two step-time lines' noise and the per-position
         acceptances' between the two depths. Keeps the standard error in
-        ``_se``, and in ``_rival_less_known`` whether ``d``'s line is the
-        less known of the two at ``b`` (only then is a probe of it worth
-        more samples). At a look only (every ``_CHECK_EVERY`` steps)."""
+        ``_se``. At a look only (every ``_CHECK_EVERY`` steps)."""
         fd = self._d_times[d]
         fh = self._d_times[self._depth]
-        lev = fd.leverage(b)
-        se2 = fd.res * lev
+        se2 = fd.res * fd.leverage(b)
         if fh.w > 0.0:
-            lev_h = fh.leverage(b)
-            se2 += fh.res * lev_h
-            self._rival_less_known = lev > lev_h
-        else:
-            self._rival_less_known = True
+            se2 += fh.res * fh.leverage(b)
         # the positions between the two depths: each one's acceptance is a
         # share of the requests that reached it (binomial), and moves the
         # deeper depth's tokens by the expected tokens from it on
@@ -157,7 +149,7 @@ class DepthEstimates:
         top = exp[hi]
         for j in range(lo + 1, hi + 1):
             qj = q[j]
-            mj = m[j] if m[j] > _POS_MIN else _POS_MIN
+            mj = m[j] if m[j] > POS_MIN else POS_MIN
             if 0.0 < qj < 1.0:
                 tail = (top - exp[j - 1]) / top
                 se2 += tail * tail * (1.0 - qj) / (qj * mj)
@@ -173,7 +165,7 @@ class DepthEstimates:
         for j in range(1, len(n)):
             if j > home:
                 n[j] = m[j] = 0.0
-            elif m[j] > 4.0 * _POS_MIN:
-                f = 4.0 * _POS_MIN / m[j]
+            elif m[j] > 4.0 * POS_MIN:
+                f = 4.0 * POS_MIN / m[j]
                 n[j] *= f
                 m[j] *= f

@@ -316,34 +316,38 @@ def test_goodput_depths_within_1_percent_of_goodput_at_close_spec_5_c8():
 
 
 def test_goodput_depths_moves_on_noisy_positions_only_beyond_their_noise():
-    # acc-up b1 (suite row, seed 4): at batch 1, after the rise, positions
+    # acc-up b1 (suite row), seed 8: at batch 1, after the rise, positions
     # beyond the home depth hold few requests; counting only the step-time
-    # lines' noise, moves between depths 3 and 5 on those positions (each
-    # restarting SPEC's acceptance from a prediction) sent goodput to PLAIN
-    # for ~1,800 steps: 0.933 x depth-oracle. The positions' binomial noise
-    # in the move's standard error: 0.987 (goodput 0.986)
+    # lines' noise, moves between depths on those positions (each restarting
+    # SPEC's acceptance from a prediction) sent goodput to PLAIN for good:
+    # 0.925 x depth-oracle. The positions' binomial noise in the move's
+    # standard error: 0.989 (over seeds 0-19 0.9883 -> 0.9903, worst seed
+    # 0.925 -> 0.979)
     from eagle_gate.goodput_depths import GoodputDepths
     from eagle_gate.sim.workloads import policy_suite
 
     (prof, scenario_of) = next(
         (p, s) for name, p, s in policy_suite() if name == "acc-up b1"
     )
-    sc = scenario_of(4 * 10007)
+    sc = scenario_of(8 * 10007)
     gd = _tok(prof, sc, GoodputDepths())
     dor = _tok(prof, sc, DepthOracleMean())
     assert gd >= 0.98 * dor, gd / dor
 
 
-def test_goodput_depths_probes_a_rival_only_while_its_line_is_the_less_known():
-    # long-context C=1, seed 4: depths 3 and 5 within a percent of each
-    # other. Probing the rival while within the noise, whichever line was
-    # the better known, went on at every look after the move to depth 5
-    # (step 45) until goodput left SPEC on a low acceptance at batch 1:
-    # 0.893 x depth-oracle. Probes only while the rival's line has the
-    # higher leverage: 0.992
+def test_goodput_depths_probes_a_rival_only_where_a_probe_brings_enough_requests():
+    # acc-down b1 (suite row), seed 7: at batch 1 a probe of 3 steps brings
+    # 3 requests, fewer than a position needs to count (8); a rival within
+    # the noise was probed at every look (seven probes of depth 5 in 48
+    # steps) and the run went on with goodput in PLAIN: 0.898 x
+    # depth-oracle; 0.989 without those probes
     from eagle_gate.goodput_depths import GoodputDepths
+    from eagle_gate.sim.workloads import policy_suite
 
-    prof, sc = _quick_row("long-context", "grid", "C=1", seed=4)
+    (prof, scenario_of) = next(
+        (p, s) for name, p, s in policy_suite() if name == "acc-down b1"
+    )
+    sc = scenario_of(7 * 10007)
     gd = _tok(prof, sc, GoodputDepths())
     dor = _tok(prof, sc, DepthOracleMean())
-    assert gd >= 0.98 * dor, gd / dor
+    assert gd >= 0.97 * dor, gd / dor
