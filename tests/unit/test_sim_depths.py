@@ -315,6 +315,17 @@ def test_goodput_depths_within_1_percent_of_goodput_at_close_spec_5_c8():
     assert gd >= 0.99 * gp, gd / gp
 
 
+def _depths_on_suite_row(row: str, seed: int) -> float:
+    """goodput-depths' tok/s over depth-oracle's on the policy suite's
+    ``row`` (full length) with ``seed``."""
+    from eagle_gate.goodput_depths import GoodputDepths
+    from eagle_gate.sim.workloads import policy_suite
+
+    prof, scenario_of = next((p, s) for name, p, s in policy_suite() if name == row)
+    sc = scenario_of(seed * 10007)
+    return _tok(prof, sc, GoodputDepths()) / _tok(prof, sc, DepthOracleMean())
+
+
 def test_goodput_depths_moves_on_noisy_positions_only_beyond_their_noise():
     # acc-up b1 (suite row), seed 8: at batch 1, after the rise, positions
     # beyond the home depth hold few requests; counting only the step-time
@@ -323,16 +334,8 @@ def test_goodput_depths_moves_on_noisy_positions_only_beyond_their_noise():
     # 0.925 x depth-oracle. The positions' binomial noise in the move's
     # standard error: 0.989 (over seeds 0-19 0.9883 -> 0.9903, worst seed
     # 0.925 -> 0.979)
-    from eagle_gate.goodput_depths import GoodputDepths
-    from eagle_gate.sim.workloads import policy_suite
-
-    (prof, scenario_of) = next(
-        (p, s) for name, p, s in policy_suite() if name == "acc-up b1"
-    )
-    sc = scenario_of(8 * 10007)
-    gd = _tok(prof, sc, GoodputDepths())
-    dor = _tok(prof, sc, DepthOracleMean())
-    assert gd >= 0.98 * dor, gd / dor
+    ratio = _depths_on_suite_row("acc-up b1", seed=8)
+    assert ratio >= 0.98, ratio
 
 
 def test_goodput_depths_probes_a_rival_only_where_a_probe_brings_enough_requests():
@@ -341,13 +344,5 @@ def test_goodput_depths_probes_a_rival_only_where_a_probe_brings_enough_requests
     # the noise was probed at every look (seven probes of depth 5 in 48
     # steps) and the run went on with goodput in PLAIN: 0.898 x
     # depth-oracle; 0.989 without those probes
-    from eagle_gate.goodput_depths import GoodputDepths
-    from eagle_gate.sim.workloads import policy_suite
-
-    (prof, scenario_of) = next(
-        (p, s) for name, p, s in policy_suite() if name == "acc-down b1"
-    )
-    sc = scenario_of(7 * 10007)
-    gd = _tok(prof, sc, GoodputDepths())
-    dor = _tok(prof, sc, DepthOracleMean())
-    assert gd >= 0.97 * dor, gd / dor
+    ratio = _depths_on_suite_row("acc-down b1", seed=7)
+    assert ratio >= 0.97, ratio
