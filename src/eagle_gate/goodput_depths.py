@@ -55,9 +55,11 @@ per-depth figures in place.
 
 from __future__ import annotations
 
+import math
+
 from eagle_gate.goodput import Goodput
 from eagle_gate.goodput_accept import PREDICTED_REQUESTS
-from eagle_gate.goodput_depths_estimates import POS_MIN, Z_DEPTH, DepthEstimates
+from eagle_gate.goodput_depths_estimates import POS_MIN, DepthEstimates
 from eagle_gate.goodput_estimates import Level, StepTime
 from eagle_gate.goodput_settings import GOODPUT_SETTINGS
 from eagle_gate.hookspecs import hookimpl
@@ -74,6 +76,15 @@ _CHECK_EVERY = 8
 _DEPTH_MARGIN = 0.02
 #: depth probes only while the probe budget is at least this share full.
 _DEPTH_CREDIT = 0.6
+#: from SPEC, a timed depth becomes home where its lead over the home depth
+#: (log tokens/s) exceeds this plus ``_Z_DEPTH`` standard errors of the
+#: comparison at the batch (DepthEstimates._comparison_se; a fixed 2% margin
+#: let depths 1 and 3, 2.4% apart under +-12% step-time noise, trade places
+#: every few looks on close-spec-5 C=8: 0.986 of ``goodput``), and is probed
+#: while within ``2 * _Z_DEPTH`` of that (a depth that is not home gets
+#: samples only from probes).
+_DEPTH_MOVE = 0.005
+_Z_DEPTH = 1.0
 #: such a probe is paid from the budget at what it is expected to lose (its
 #: shortfall against the home depth, at least this share of its steps' time),
 #: not at its whole time: between two depths within a few percent the whole
@@ -93,7 +104,7 @@ class GoodputDepths(DepthEstimates, Goodput):
         "_depth", "_depths", "_d_times", "_d_acc", "_d_last", "_pos_n",
         "_pos_m", "_pend", "_pend_b", "_pend_h", "_q", "_exp", "_rate",
         "_known", "_line", "_r", "_dprobe_left", "_dprobe_depth", "_dprobe_w",
-        "_dprobe_t", "_next_depth", "_se",
+        "_dprobe_t", "_next_depth",
     )  # fmt: skip
 
     def __init__(self, **settings: object) -> None:
@@ -122,7 +133,6 @@ class GoodputDepths(DepthEstimates, Goodput):
         # timed ones), past probe_steps at this time per step from the budget
         self._dprobe_w = 0
         self._dprobe_t = 0.0
-        self._se = 0.0  # the last _lead's standard error
 
     def _setup(self, view: StepView) -> None:
         depths = view.depths
@@ -264,12 +274,13 @@ class GoodputDepths(DepthEstimates, Goodput):
             if rate[home] <= 0.0:  # (the home depth has no line at all)
                 self._set_depth(alt)
                 return 0
-            lead = self._lead(alt, b, rate[alt] / rate[home])
+            se = self._comparison_se(alt, b)
+            lead = math.log(rate[alt] / rate[home]) - _DEPTH_MOVE - _Z_DEPTH * se
             if lead > 0.0:
                 self._set_depth(alt)
                 return 0
             if (
-                lead > -2.0 * Z_DEPTH * self._se
+                lead > -2.0 * _Z_DEPTH * se
                 # (a probe at batch 1 or 2 brings fewer requests than a
                 # position needs to count: acc-down b1 seed 7 probed at every
                 # look and went on in PLAIN, 0.898 of depth-oracle)
@@ -277,15 +288,10 @@ class GoodputDepths(DepthEstimates, Goodput):
             ):
                 # within the lines' noise: a probe, paid at what its steps
                 # are expected to lose against the home depth
-                n = self.probe_steps
                 loss = 1.0 - rate[alt] / rate[home]
                 if loss < _PROBE_LOSS_FLOOR:
                     loss = _PROBE_LOSS_FLOOR
-                t = loss * exp[alt] / rate[alt]
-                if not self._afford(n * t, n * t, _PROBE_MAX * n * t):
-                    return 0
-                self._dprobe_t = t
-                return alt
+                return self._paid_probe(alt, loss * exp[alt] / rate[alt])
         if best == best_k or rate[best] <= bar:
             return 0
         if best == depths[0] and not line[best]:
@@ -304,12 +310,17 @@ class GoodputDepths(DepthEstimates, Goodput):
             if d != home and not known[d] and rate[d] > bar:
                 best = d
                 break
+        return self._paid_probe(best, exp[best] / rate[best])
+
+    def _paid_probe(self, depth: int, t: float) -> int:
+        """``depth`` where the budget pays a probe of it at ``t`` per step
+        (``probe_steps`` now, as much again held back, up to ``_PROBE_MAX``
+        times that in the cap), else 0."""
         n = self.probe_steps
-        t = exp[best] / rate[best]
         if not self._afford(n * t, n * t, _PROBE_MAX * n * t):
             return 0
         self._dprobe_t = t
-        return best
+        return depth
 
     def _depth_probe(self, depth: int, step: int) -> Mode:
         """Start a probe of ``depth``: ``probe_steps`` steps, then on until

@@ -2,8 +2,8 @@
 depth's acceptance: per position ``j`` the requests that reached ``j - 1``
 accepted drafts and those of them that accepted the ``j``-th, scaled so
 that the home depth's expected tokens match ``goodput``'s acceptance
-(``_fit``); how sure a comparison of two depths is (``_lead``: the step-time
-lines' noise and the positions' between them); what a detected change
+(``_fit``); how sure a comparison of two depths is (``_comparison_se``: the
+step-time lines' noise and the positions' between them); what a detected change
 leaves of the counts (``_forget_positions``). A mix-in (its state is
 declared in ``goodput_depths``); docs/goodput.md, "Draft depths in the
 simulator", says why each is there. No SGLang or torch import.
@@ -15,22 +15,13 @@ import math
 
 from eagle_gate.goodput_estimates import StepTime
 
-__all__ = ["POS_MIN", "Z_DEPTH", "DepthEstimates"]
+__all__ = ["POS_MIN", "DepthEstimates"]
 
 #: requests' worth behind a position's acceptance at most (older counts
 #: are scaled down when a look finds more).
 _POS_REQUESTS = 2048.0
 #: requests behind a position before its acceptance is used.
 POS_MIN = 8.0
-#: from SPEC, a timed depth becomes home where its lead over the home depth
-#: (log tokens/s) exceeds this plus ``Z_DEPTH`` standard errors of the
-#: comparison at the batch (see _lead; a fixed 2% margin let depths 1 and 3,
-#: 2.4% apart under +-12% step-time noise, trade places every few looks on
-#: close-spec-5 C=8: 0.986 of ``goodput``), and is probed while within
-#: ``2 * Z_DEPTH`` of that (a depth that is not home gets samples only from
-#: probes).
-_DEPTH_MOVE = 0.005
-Z_DEPTH = 1.0
 #: Newton steps per look on the scale of the per-position acceptance (from
 #: the last look's scale: the target moves little between looks).
 _NEWTON = 2
@@ -58,7 +49,6 @@ class DepthEstimates:
     _q: list[float]
     _exp: list[float]
     _r: float
-    _se: float
 
     def _fit(self) -> bool:
         """Refresh ``_q`` (per-position acceptance, extrapolated), the scale
@@ -129,13 +119,11 @@ class DepthEstimates:
             exp[j] = tot
         return True
 
-    def _lead(self, d: int, b: int, ratio: float) -> float:
-        """How far depth ``d``'s lead over the home depth (its tokens/s
-        ``ratio`` to it) lies beyond ``_DEPTH_MOVE`` and ``Z_DEPTH``
-        standard errors of the comparison at ``b`` (log scale; positive: a
-        move): the two step-time lines' noise and the per-position
-        acceptances' between the two depths. Keeps the standard error in
-        ``_se``. At a look only (every ``_CHECK_EVERY`` steps)."""
+    def _comparison_se(self, d: int, b: int) -> float:
+        """The standard error of depth ``d``'s log tokens/s against the home
+        depth's at ``b``: the two step-time lines' noise and the
+        per-position acceptances' between the two depths. At a look only
+        (every ``_CHECK_EVERY`` steps)."""
         fd = self._d_times[d]
         fh = self._d_times[self._depth]
         se2 = fd.res * fd.leverage(b)
@@ -153,9 +141,7 @@ class DepthEstimates:
             if 0.0 < qj < 1.0:
                 tail = (top - exp[j - 1]) / top
                 se2 += tail * tail * (1.0 - qj) / (qj * mj)
-        se = math.sqrt(se2)
-        self._se = se
-        return math.log(ratio) - _DEPTH_MOVE - Z_DEPTH * se
+        return math.sqrt(se2)
 
     def _forget_positions(self) -> None:
         """An acceptance change: positions beyond the home depth (seen only
