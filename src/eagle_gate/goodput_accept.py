@@ -20,9 +20,12 @@ __all__ = ["PREDICTED_REQUESTS", "GoodputAcceptance"]
 #: on (goodput's _LEAN) until they outweigh it.
 PREDICTED_REQUESTS = 16.0
 #: a SPEC-side restart the PLAIN side contradicts by more than this many
-#: standard errors (squared) is replaced by the PLAIN side's view (2.5: two
-#: estimates disagree, not one against noise).
-_Z_ANCHOR2 = 2.5 * 2.5
+#: standard errors (squared; both estimates' noise counted) is replaced by
+#: the PLAIN side's view. At 2.5 a false restart at batch 1 (3.26 -> 2.18
+#: on 23 requests, 2.0 from the PLAIN side's prediction) held PLAIN for
+#: ~1,200 steps; a wrongly kept restart costs that, a wrongly undone one
+#: the ~16 requests the next SPEC steps take to restart it again.
+_Z_ANCHOR2 = 2.0 * 2.0
 #: a look at SPEC from blind PLAIN (lazy/none sync) whose samples, as one
 #: block, lie beyond this many standard errors (squared) of the acceptance
 #: before it restarts the estimate from them (2.5: looks are hundreds of
@@ -80,6 +83,8 @@ class GoodputAcceptance:
         s = self._s
         acc = self._acc
         a = 1.0 + (acc.slow - 1.0) * (depth(p_now, s) / depth(self._p1_ref, s))
+        if a > s + 1.0:  # (every draft accepted: two noisy agreements can
+            a = s + 1.0  # scale past it, and the level then slides down)
         self._accept = a
         if changed:
             acc.restart(a, PREDICTED_REQUESTS)
