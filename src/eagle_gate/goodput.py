@@ -173,7 +173,7 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
         if fit_a.w == 0.0 or accept == 0.0 or fit_h.w == 0.0:
             # cold: measure the home mode first, then take a first look at
             # the other one (SPEC also gives the acceptance), from the budget
-            self._s = view.num_draft_tokens - 1
+            self._s = view.depth  # (the depth the acceptance describes)
             if self._change_step < 0:
                 # the start counts as a change: acceptance that held this
                 # long and then changed is the first measure of the gap

@@ -176,10 +176,10 @@ class GoodputDepths(DepthEstimates, Goodput):
                 if probe:
                     view.depth = probe
                     return self._depth_probe(probe, step)
-        mode = _decide(self, view)
-        if mode is _SPEC:
+        if self._depth:
+            # (before goodput decides: a cold start reads the depth there)
             view.depth = self._depth
-        return mode
+        return _decide(self, view)
 
     def _choose(self, b: int, step: int) -> int:
         """Rate every depth at batch ``b`` (measured or prior time), move the

@@ -338,6 +338,18 @@ def test_goodput_depths_moves_on_noisy_positions_only_beyond_their_noise():
     assert ratio >= 0.98, ratio
 
 
+def test_goodput_depths_acceptance_describes_the_home_depth_after_a_cold_start():
+    # acc-up b1 (suite row), seed 37: goodput's cold start (no SPEC step
+    # timed at the home depth yet) set the acceptance model's depth back to
+    # the configured 3 while the home depth was 1; the PLAIN side's rise
+    # then predicted 2.67 tokens per depth-1 step (at most 2 can come), the
+    # samples slid down from there, the CUSUM took that for a drop and
+    # goodput-depths sat in PLAIN through the high phase: 0.918 x
+    # depth-oracle; 0.984 with the home depth's model
+    ratio = _depths_on_suite_row("acc-up b1", seed=37)
+    assert ratio >= 0.97, ratio
+
+
 def test_goodput_depths_probes_a_rival_only_where_a_probe_brings_enough_requests():
     # acc-down b1 (suite row), seed 7: at batch 1 a probe of 3 steps brings
     # 3 requests, fewer than a position needs to count (8); a rival within
