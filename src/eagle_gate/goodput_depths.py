@@ -96,6 +96,13 @@ _PROBE_LOSS_FLOOR = 0.05
 #: a depth probe runs at most this many times probe_steps (while it times
 #: nothing: see _depth_probe; 4 cost more than the timing it bought).
 _PROBE_MAX = 3
+#: at batch 1 or 2 a rival depth within the noise is probed at most once
+#: per this many steps since it last ran (a probe long enough to bring
+#: POS_MIN requests): without, depth 1 held the high phase of acc-down b1
+#: seed 25 at 0.901 x depth-oracle (depth 3 rated 6% ahead, within the
+#: noise of positions nothing sampled); at 64 steps acc-up b1 lost 0.1%
+#: more over seeds 0-39 (probes that paid nothing back).
+_RIVAL_GAP = 256
 
 
 class GoodputDepths(DepthEstimates, Goodput):
@@ -107,7 +114,7 @@ class GoodputDepths(DepthEstimates, Goodput):
         "_depth", "_depths", "_d_times", "_d_acc", "_d_last", "_pos_n",
         "_pos_m", "_pend", "_pend_b", "_pend_h", "_q", "_exp", "_rate",
         "_known", "_line", "_r", "_dprobe_left", "_dprobe_depth", "_dprobe_w",
-        "_dprobe_t", "_next_depth",
+        "_dprobe_t", "_next_depth", "_dprobe_n",
     )  # fmt: skip
 
     def __init__(self, **settings: object) -> None:
@@ -136,6 +143,7 @@ class GoodputDepths(DepthEstimates, Goodput):
         # timed ones), past probe_steps at this time per step from the budget
         self._dprobe_w = 0
         self._dprobe_t = 0.0
+        self._dprobe_n = self.probe_steps  # (its steps: _paid_probe's)
 
     def _setup(self, view: StepView) -> None:
         depths = view.depths
@@ -284,17 +292,21 @@ class GoodputDepths(DepthEstimates, Goodput):
                 return 0
             if (
                 lead > -2.0 * _Z_DEPTH * se
-                # (a probe at batch 1 or 2 brings fewer requests than a
-                # position needs to count: acc-down b1 seed 7 probed at every
-                # look and went on in PLAIN, 0.898 of depth-oracle)
-                and self.probe_steps * b >= POS_MIN
+                # (where probe_steps bring fewer requests than a position
+                # needs to count, at batch 1 or 2, a longer probe that
+                # brings them, once per _RIVAL_GAP steps of the rival)
+                and (
+                    self.probe_steps * b >= POS_MIN
+                    or step - self._d_last[alt] >= _RIVAL_GAP
+                )
             ):
                 # within the lines' noise: a probe, paid at what its steps
                 # are expected to lose against the home depth
                 loss = 1.0 - rate[alt] / rate[home]
                 if loss < _PROBE_LOSS_FLOOR:
                     loss = _PROBE_LOSS_FLOOR
-                return self._paid_probe(alt, loss * exp[alt] / rate[alt])
+                n = math.ceil(POS_MIN / b)
+                return self._paid_probe(alt, loss * exp[alt] / rate[alt], n)
         if best == best_k or rate[best] <= bar:
             return 0
         if best == depths[0] and not line[best]:
@@ -315,23 +327,25 @@ class GoodputDepths(DepthEstimates, Goodput):
                 break
         return self._paid_probe(best, exp[best] / rate[best])
 
-    def _paid_probe(self, depth: int, t: float) -> int:
+    def _paid_probe(self, depth: int, t: float, n: int = 0) -> int:
         """``depth`` where the budget pays a probe of it at ``t`` per step
-        (``probe_steps`` now, as much again held back, up to ``_PROBE_MAX``
-        times that in the cap), else 0."""
-        n = self.probe_steps
+        (``n`` steps, at least ``probe_steps``, now, as much again held
+        back, up to ``_PROBE_MAX`` times that in the cap), else 0."""
+        if n < self.probe_steps:
+            n = self.probe_steps
         if not self._afford(n * t, n * t, _PROBE_MAX * n * t):
             return 0
         self._dprobe_t = t
+        self._dprobe_n = n
         return depth
 
     def _depth_probe(self, depth: int, step: int) -> Mode:
-        """Start a probe of ``depth``: ``probe_steps`` steps, then on until
-        its line has two more timed samples (at most ``_PROBE_MAX`` times as
+        """Start a probe of ``depth``: the steps ``_paid_probe`` priced, then
+        on until its line has two more timed samples (at most ``_PROBE_MAX`` times as
         long, each further step paid from the budget): at a large batch most
         steps follow a prefill and go untimed, and a probe that timed nothing
         told nothing."""
-        n = self.probe_steps
+        n = self._dprobe_n
         self._dprobe_depth = depth
         self._dprobe_left = _PROBE_MAX * n - 1
         self._dprobe_w = self._d_times[depth].k + 2
@@ -343,7 +357,7 @@ class GoodputDepths(DepthEstimates, Goodput):
         """A depth probe's next step: True to run it."""
         left = self._dprobe_left - 1
         self._dprobe_left = left
-        if left < (_PROBE_MAX - 1) * self.probe_steps:
+        if left < (_PROBE_MAX - 1) * self._dprobe_n:
             # past probe_steps: only while its line lacks two timed samples,
             # and the budget pays for the step
             t = self._dprobe_t

@@ -358,3 +358,14 @@ def test_goodput_depths_probes_a_rival_only_where_a_probe_brings_enough_requests
     # depth-oracle; 0.989 without those probes
     ratio = _depths_on_suite_row("acc-down b1", seed=7)
     assert ratio >= 0.97, ratio
+
+
+def test_goodput_depths_probes_a_rival_at_batch_1_with_enough_steps_now_and_then():
+    # acc-down b1 (suite row), seed 25: depth 1 became home at step 19, and
+    # through the high phase depth 3 was rated 6% ahead, within the noise of
+    # positions 2 and 3, which only ~20 early requests had sampled; with no
+    # probe at batch 1 nothing sampled them again: depth 1 held 1,769 steps,
+    # 0.901 x depth-oracle. A probe of 8 steps (8 requests) once per 256
+    # steps of the rival: 0.972
+    ratio = _depths_on_suite_row("acc-down b1", seed=25)
+    assert ratio >= 0.96, ratio
