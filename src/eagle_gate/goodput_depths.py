@@ -340,11 +340,11 @@ class GoodputDepths(DepthEstimates, Goodput):
         return depth
 
     def _depth_probe(self, depth: int, step: int) -> Mode:
-        """Start a probe of ``depth``: the steps ``_paid_probe`` priced, then
-        on until its line has two more timed samples (at most ``_PROBE_MAX`` times as
-        long, each further step paid from the budget): at a large batch most
-        steps follow a prefill and go untimed, and a probe that timed nothing
-        told nothing."""
+        """Start a probe of ``depth``: the steps ``_paid_probe`` priced,
+        then on until its line has two more timed samples (at most
+        ``_PROBE_MAX`` times as long, each further step paid from the
+        budget): at a large batch most steps follow a prefill and go
+        untimed, and a probe that timed nothing told nothing."""
         n = self._dprobe_n
         self._dprobe_depth = depth
         self._dprobe_left = _PROBE_MAX * n - 1

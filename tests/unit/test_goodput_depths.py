@@ -313,7 +313,7 @@ def test_depth_choices_wait_while_spec_acceptance_is_a_prediction(seed):
 def test_decide_and_observe_stay_cheap_with_four_depths():
     """The bytecodes goodput-depths runs per decide + observe with depths
     1, 3, 5, 7 (examples/bench_policy_overhead.py; the whole class hierarchy,
-    goodput's included): 881 on CPython 3.11 (goodput alone: 563; 840 before
+    goodput's included): 879 on CPython 3.11 (goodput alone: 563; 840 before
     the noise bar on depth moves, whose standard error costs ~300 at a look,
     one step in 8; the first version: 2,325, a bisection over freshly built
     lists every 4 steps)."""
