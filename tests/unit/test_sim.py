@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.suite_rows import suite_row_ratio
 
 from eagle_gate.goodput import Goodput
 from eagle_gate.policies import AlwaysSpec, NeverSpec
@@ -291,23 +292,13 @@ def test_goodput_on_policy_suite_rows(row):
     assert min(ratios) >= 0.95, ratios
 
 
-def _goodput_on_suite_row(row: str, seed: int) -> float:
-    """goodput's tok/s over oracle-mean's on the policy suite's ``row`` (full
-    length) with ``seed`` (as ``examples/sim_seeds.py --suite`` seeds it)."""
-    ((prof, scenario),) = [(p, s) for name, p, s in policy_suite() if name == row]
-    sc = scenario(seed * 10007)
-    return Simulator(prof, sc).run(Goodput()).tok_s / (
-        Simulator(prof, sc).run(OracleMean()).tok_s
-    )
-
-
 def test_a_plain_side_prediction_never_passes_every_draft_accepted():
     # acc-up b1, seed 8: the PLAIN side's rise (agreement 0.375 -> 0.909,
     # both noisy) scaled the accept length to 4.38 where at most 4 tokens
     # (3 drafts) can come; SPEC's samples (~3.2) then pulled the level down
     # from there, its CUSUM restarted it at 2.15 and goodput sat in PLAIN
     # for ~1,260 steps: 0.949 x oracle-mean. Capped at 4: 0.990
-    assert _goodput_on_suite_row("acc-up b1", seed=8) >= 0.98
+    assert suite_row_ratio("acc-up b1", 8, Goodput(), OracleMean()) >= 0.98
 
 
 def test_a_spec_side_restart_the_plain_side_contradicts_is_undone():
@@ -316,7 +307,7 @@ def test_a_spec_side_restart_the_plain_side_contradicts_is_undone():
     # PLAIN side predicts 2.87, 2.0 standard errors from the restart (both
     # sides' noise counted). Taken at 2.5 standard errors, PLAIN held for
     # ~1,200 steps: 0.950 x oracle-mean; at 2.0, 0.998
-    assert _goodput_on_suite_row("acc-up b1", seed=9) >= 0.98
+    assert suite_row_ratio("acc-up b1", 9, Goodput(), OracleMean()) >= 0.98
 
 
 def test_close_workload_reports_unknown_intervals():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from support.suite_rows import suite_row_ratio
 
 from eagle_gate.goodput import Goodput
 from eagle_gate.policies import AlwaysSpec, NeverSpec
@@ -319,11 +320,8 @@ def _depths_on_suite_row(row: str, seed: int) -> float:
     """goodput-depths' tok/s over depth-oracle's on the policy suite's
     ``row`` (full length) with ``seed``."""
     from eagle_gate.goodput_depths import GoodputDepths
-    from eagle_gate.sim.workloads import policy_suite
 
-    prof, scenario_of = next((p, s) for name, p, s in policy_suite() if name == row)
-    sc = scenario_of(seed * 10007)
-    return _tok(prof, sc, GoodputDepths()) / _tok(prof, sc, DepthOracleMean())
+    return suite_row_ratio(row, seed, GoodputDepths(), DepthOracleMean())
 
 
 def test_goodput_depths_moves_on_noisy_positions_only_beyond_their_noise():
