@@ -33,8 +33,9 @@ Every ``_CHECK_EVERY`` steps, at this batch: from SPEC, the measured depth
 with the highest expected tokens/s but the home depth becomes home where
 its lead passes ``_DEPTH_MOVE`` and one standard error of the comparison
 (the step-time lines' noise, the positions' between the two depths), and
-is probed while within two of them where a probe brings ``POS_MIN``
-requests (paid at its expected loss); from PLAIN, the best depth run near
+is probed while within two of them (paid at its expected loss;
+``probe_steps`` where they bring ``POS_MIN`` requests, else as many steps
+as do, once per ``_RIVAL_GAP`` steps since it ran); from PLAIN, the best depth run near
 this batch becomes home where it beats the home depth by
 ``_DEPTH_MARGIN``, and the shallowest depth may become the home depth
 before it ran near this batch (``goodput``'s probes of SPEC then run it:
