@@ -14,7 +14,8 @@ of freedom summed) at significance ALPHA = 0.001.
 
 Then a run with a deliberate fault (the CI switch of ``ci/cpu_spec``: PLAIN
 steps sample at three times the temperature) must be rejected at the same
-significance, so the test can fail.
+significance, so the test can fail (in 0.5.9's session only: the control
+shows the check's power, the same in both versions).
 
 The tiny random target's logits are flat (standard deviation about 0.16 over
 a 1000-token vocabulary), so the requests sample at temperature 0.04 with
@@ -264,6 +265,13 @@ def test_plain_steps_sample_like_a_server_without_speculation(
     assert result.p_value >= ALPHA, result
 
 
+@pytest.mark.skipif(
+    VERSION != "0.5.9",
+    reason="the positive control runs in one version's session (0.5.9's, the "
+    "shorter): what it shows, that this check rejects PLAIN steps sampled at "
+    "the wrong temperature with these request counts, is the check's power; "
+    "0.5.23's own PLAIN sampling is judged by the tests beside it",
+)
 def test_a_wrong_temperature_in_plain_steps_is_caught(traffic_servers, baseline_pairs):
     """The deliberate fault: PLAIN steps at three times the temperature."""
     t0 = time.monotonic()
