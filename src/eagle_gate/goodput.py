@@ -48,6 +48,9 @@ _LONG_PROBE = 4
 _CHECK_EVERY = 4
 #: unused probe budget is capped at this many probes' time.
 _CREDIT_PROBES = 2.0
+#: a probe is looked for once the budget holds this share of its cap (one
+#: short probe's worth).
+_SHORT_SHARE = 1.0 / (_CREDIT_PROBES * _LONG_PROBE)
 #: a SPEC probe goes on while its samples lean towards a rise: the change
 #: test's sum above this (a quarter of the way to a restart).
 _LEAN = 2.0
@@ -156,7 +159,7 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
 
     def decide(self, view: StepView) -> Mode:
         self._decided += 1
-        b = view.batch_size
+        b = float(view.batch_size)  # (exact; float-only arithmetic is faster)
         if self._probe_left:
             if b * self._probe_sign <= self._probe_lim:
                 self._probe_left -= 1
@@ -197,9 +200,15 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
             if not self._afford(t * (1.0 + self._switch_rel), 0.0, long_cost):
                 return home
             return self._probe(away, 0, b)
-        t_h = fit_h.predict(b)
-        t_a = fit_a.predict(b)
-        far = not -fit_a.reach <= b - fit_a.mb <= fit_a.reach
+        # (fit.predict(b), inlined: the hot path)
+        t_h = fit_h.a + fit_h.c * b
+        if t_h < fit_h.floor:
+            t_h = fit_h.floor
+        t_a = fit_a.a + fit_a.c * b
+        if t_a < fit_a.floor:
+            t_a = fit_a.floor
+        db = b - fit_a.mb
+        far = db > fit_a.reach or db < -fit_a.reach
         if far:
             # far from every batch the other mode ran at: its time there is
             # the home mode's times its ratio to it where it did run
@@ -265,9 +274,7 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
                     return self._probe(_SPEC, n, b)
         # a probe? looked at every _CHECK_EVERY steps, when the budget could
         # pay for a short one
-        if step >= self._next_check and self._credit >= self._credit_cap * (
-            1.0 / (_CREDIT_PROBES * _LONG_PROBE)
-        ):
+        if step >= self._next_check and self._credit >= self._credit_cap * _SHORT_SHARE:
             self._next_check = step + _CHECK_EVERY
             n = self.probe_steps
             t_s = t_a if away is _SPEC else t_h  # (the resync is a SPEC step's)
@@ -328,27 +335,6 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
                 return home
             return self._probe(away, n, b)
         return home
-
-    def _blind_hold(self, b: int, gain: float, t_s: float, t_p: float) -> bool:
-        """Stay in SPEC after an acceptance drop where PLAIN would be blind
-        (lazy/none sync: no PLAIN step ever carried the draft's matches) and
-        acceptance changes every ``gap`` steps: PLAIN gains ``-gain`` per
-        step until the next change, but a rise is seen only by looks at
-        SPEC, which the budget pays every ``L`` steps (each long enough to
-        see a change: ~16 requests); the steps until one lands cost the
-        rise's gain."""
-        gap = self._change_gap
-        a_hi = self._check_a
-        if self._req_plain or not gap or a_hi <= self._accept:
-            return False
-        if self._acc.n < FAST_REQUESTS:
-            return True
-        g_hi = _log(a_hi * t_p / t_s)
-        if g_hi <= 0.0:
-            return False
-        n = math.ceil(FAST_REQUESTS / b)
-        look = (n + self._switch_rel) * t_s / (self.max_explore_share * t_p)
-        return -gain * gap < g_hi * (0.5 * look + n) + self._switch_rel
 
     def _afford(self, cost: float, reserve: float, long_cost: float) -> bool:
         """Pay ``cost`` seconds from the probe budget if it holds them beyond

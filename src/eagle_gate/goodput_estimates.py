@@ -92,6 +92,7 @@ class Level:
             self.slow = mean
             self.n = b if b < SLOW_REQUESTS else SLOW_REQUESTS
             return False
+        b = float(b)  # (exact; float-only arithmetic is faster than mixed)
         slow = self.slow
         d = mean - slow
         var = self.var
@@ -178,6 +179,7 @@ class StepTime:
         return (1.0 + d * d / (self.vb + _SLOPE_PRIOR)) / self.w
 
     def add(self, b: int, dt: float) -> None:
+        b = float(b)  # (exact; float-only arithmetic is faster than mixed)
         f = _FORGET
         self.w = w = self.w * f + 1.0
         self.sb = self.sb * f + b
@@ -195,7 +197,8 @@ class StepTime:
         if w > 1.0 and -self.reach < b - self.mb < self.reach:
             # the noise, from this sample against the line so far (not a
             # sample beyond its reach: that miss is the line's, not noise)
-            r = dt / self.predict(b) - 1.0
+            t = self.a + self.c * b  # (predict(b), inlined)
+            r = dt / (t if t > self.floor else self.floor) - 1.0
             self.res += _RES_WEIGHT * _SOLVE_EVERY * (r * r - self.res)
         mb = self.sb / w
         mt = self.st / w

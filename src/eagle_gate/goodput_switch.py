@@ -1,7 +1,8 @@
 """How the ``goodput`` policy prices a switch: the draft resync it costs,
 and from it the dwell and margin; how long SPEC stays ahead once it is (the
 runs of steps where it was), so that entering SPEC gains its resync back;
-how often acceptance changes (blind looks follow it). A mix-in of
+how often acceptance changes (blind looks follow it), and whether SPEC
+holds where PLAIN would be blind. A mix-in of
 :class:`eagle_gate.goodput.Goodput` (its state is declared there);
 docs/goodput.md says why each is there."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from eagle_gate.goodput_estimates import FAST_REQUESTS, Level
 from eagle_gate.policy import Mode
 
 __all__ = ["MIN_DWELL", "GoodputSwitching"]
@@ -44,6 +46,10 @@ class GoodputSwitching:
     _switch_rel: float
     _dwell: int
     _margin: float
+    _check_a: float
+    _accept: float
+    _acc: Level
+    max_explore_share: float
 
     def _stay_left(self, step: int) -> float:
         """How many more steps SPEC stays ahead: what the runs seen say, less
@@ -79,6 +85,27 @@ class GoodputSwitching:
         g = step - last
         gap = self._change_gap
         self._change_gap = g if gap == 0.0 else gap + _GAP_WEIGHT * (g - gap)
+
+    def _blind_hold(self, b: int, gain: float, t_s: float, t_p: float) -> bool:
+        """Stay in SPEC after an acceptance drop where PLAIN would be blind
+        (lazy/none sync: no PLAIN step ever carried the draft's matches) and
+        acceptance changes every ``gap`` steps: PLAIN gains ``-gain`` per
+        step until the next change, but a rise is seen only by looks at
+        SPEC, which the budget pays every ``L`` steps (each long enough to
+        see a change: ~16 requests); the steps until one lands cost the
+        rise's gain."""
+        gap = self._change_gap
+        a_hi = self._check_a
+        if self._req_plain or not gap or a_hi <= self._accept:
+            return False
+        if self._acc.n < FAST_REQUESTS:
+            return True
+        g_hi = math.log(a_hi * t_p / t_s)
+        if g_hi <= 0.0:
+            return False
+        n = math.ceil(FAST_REQUESTS / b)
+        look = (n + self._switch_rel) * t_s / (self.max_explore_share * t_p)
+        return -gain * gap < g_hi * (0.5 * look + n) + self._switch_rel
 
     def _update_switch_costs(self) -> None:
         """What a switch costs (the measured resync, at least ``switch_cost``),
