@@ -168,6 +168,8 @@ class StepTime:
         self.k = 0
 
     def predict(self, b: int) -> float:
+        """The line at ``b``, floored (inlined on the hot paths, ``add`` and
+        ``Goodput.decide``: a change here goes there too)."""
         t = self.a + self.c * b
         return t if t > self.floor else self.floor
 

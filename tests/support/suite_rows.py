@@ -8,7 +8,8 @@ from eagle_gate.policy import Policy
 from eagle_gate.sim import Simulator
 from eagle_gate.sim.workloads import policy_suite
 
-#: ``examples/sim_seeds.py``'s SEED_STRIDE: seed k runs scenario(k * this).
+#: ``examples/sim_seeds.py``'s SEED_STRIDE: seed k runs scenario(k * this)
+#: (tests/unit/test_policy_tools.py checks they agree).
 SEED_STRIDE = 10007
 
 

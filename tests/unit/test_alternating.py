@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
+from support.suite_rows import SEED_STRIDE
 
 from eagle_gate.goodput import Goodput
 from eagle_gate.policies import AlwaysSpec, NeverSpec
@@ -20,8 +21,6 @@ from eagle_gate.sim.baselines import OracleMean
 from eagle_gate.sim.profiles import alternating_profile
 from eagle_gate.sim.workloads import ALTERNATING_TARGETS, alternating_rows
 
-#: as examples/sim_seeds.py: seed k runs the rows' scenarios at k * 10007
-SEED_STRIDE = 10007
 SEEDS = range(3)
 #: how far below the target one seed may fall
 SEED_SLACK = 0.03

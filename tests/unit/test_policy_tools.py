@@ -94,6 +94,14 @@ def test_steps_to_move_without_draft_matches():
     assert "draft_matches False" in out and "| acceptance up" in out
 
 
+def test_the_tests_seed_their_rows_as_sim_seeds_does():
+    """A seed a test names (``support.suite_rows.SEED_STRIDE``, used by the
+    simulator tests) is the seed ``sim_seeds.py`` reports."""
+    from support.suite_rows import SEED_STRIDE
+
+    assert _load("sim_seeds").SEED_STRIDE == SEED_STRIDE
+
+
 def test_sim_seeds_reports_every_close_call_row():
     out = _run("sim_seeds.py", "--seeds", "1", "--quick", "--profile", "close-spec-5")
     for row in ("C=8", "C=32", "C=4..64"):

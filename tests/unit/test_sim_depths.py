@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from support.suite_rows import suite_row_ratio
+from support.suite_rows import SEED_STRIDE, suite_row_ratio
 
 from eagle_gate.goodput import Goodput
 from eagle_gate.policies import AlwaysSpec, NeverSpec
@@ -221,9 +221,11 @@ def _quick_row(name: str, workload: str, label: str, seed: int = 0):
 
     prof = get_profile(name)
     if workload == "grid":
-        rows = [(f"C={c}", sc) for c, sc in grid_scenarios(prof, True, seed * 10007)]
+        rows = [
+            (f"C={c}", sc) for c, sc in grid_scenarios(prof, True, seed * SEED_STRIDE)
+        ]
     else:
-        rows = close_scenarios(prof, True, seed * 10007)
+        rows = close_scenarios(prof, True, seed * SEED_STRIDE)
     return prof, dict(rows)[label]
 
 
