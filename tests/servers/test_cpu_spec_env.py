@@ -1,17 +1,24 @@
 """The CI environment runs SGLang's real EAGLE-3 path on CPU, exactly.
 
 End to end, in whichever SGLang environment runs the suite: a stock EAGLE-3
-server (EAGLEWorkerV2, Triton attention interpreted, overlap scheduler on, the
-CPU stand-ins of ``ci/cpu_spec``) and a server without speculation give
-token-identical greedy outputs for concurrent requests, while the speculative
-one verified drafts and accepted several tokens per step. Plus unit tests of
-the exact torch topk-1 tree build and greedy verify that 0.5.9 runs on CPU,
-against hand-computed tensors.
+server (EAGLEWorkerV2, SGLang's real Triton attention kernels interpreted,
+``EAGLE_GATE_CI_ATTENTION=triton``, overlap scheduler on, the CPU stand-ins of
+``ci/cpu_spec``) and a server without speculation give token-identical greedy
+outputs for concurrent requests, while the speculative one verified drafts and
+accepted several tokens per step. Every other speculative server of the suite
+runs the torch versions of the two attention kernels instead (about ten times
+faster); they are checked here against the interpreted kernels on the same
+inputs. Plus unit tests of the exact torch topk-1 tree build and greedy verify
+that 0.5.9 runs on CPU, against hand-computed tensors.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +26,7 @@ import sglang_env
 from support.server import free_port, running_server
 from support.spec_models import PROMPTS, build_spec_models
 from support.spec_server import (
+    INTERPRETED_ATTENTION,
     baseline_server_args,
     baseline_server_env,
     generate_concurrent,
@@ -117,9 +125,10 @@ def spec_and_baseline(tmp_path_factory):
     with running_server(
         spec_server_args(models.target, models.draft, port, overlap=True),
         port,
-        spec_server_env(overlap=True),
+        # the real attention kernels, interpreted (the suite's other servers
+        # run the torch stand-ins, checked below)
+        spec_server_env(overlap=True, EAGLE_GATE_CI_ATTENTION="triton"),
         root / "spec.log",
-        ready_timeout_s=300,
     ) as srv:
         results["spec"] = generate_concurrent(srv.base_url, PROMPTS, NEW_TOKENS)
         results["spec_log"] = srv.log_path
@@ -153,9 +162,39 @@ def test_stock_eagle3_on_cpu_matches_baseline(spec_and_baseline, version):
     assert accept_length > 1.2, [r["meta_info"] for r in spec]
 
     assert "EAGLE" in log
-    assert EXPECTED_SHIMS[version] <= shim_first_calls(log), log[-3000:]
+    shims = shim_first_calls(log)
+    assert EXPECTED_SHIMS[version] <= shims, log[-3000:]
+    assert INTERPRETED_ATTENTION <= shims, shims
+    assert not {s for s in shims if s.endswith("(torch)")}, shims
     if version == "0.5.23":
         assert "Overlap schedule is not implemented" not in log
+
+
+def test_attention_stand_ins_match_the_interpreted_kernels():
+    """``ci/cpu_spec``'s torch decode and extend attention against SGLang's own
+    Triton kernels, interpreted, on the same random inputs
+    (``support.attention_check``: MHA and GQA, ragged lengths, prefixes,
+    causal or not, the verify's custom mask with and without the prefix,
+    rows past one tile): they differ by float summation order only."""
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "EAGLE_GATE_CI_ATTENTION": "triton",
+        "PYTHONPATH": str(REPO / "tests"),
+    }
+    env.pop("EAGLE_GATE_CI_SPEC", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "support.attention_check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["version"] == sglang_env.version()
+    assert len(report["diffs"]) == 10, report
+    assert max(report["diffs"].values()) < 1e-5, report
 
 
 # ---------------------------------------------------------------------------

@@ -64,7 +64,13 @@ from support.gated_server import (
 )
 from support.monitoring import all_queries, problems, scrape_labels
 from support.server import free_port, serve
-from support.spec_server import spec_server_args, spec_server_env
+from support.spec_server import (
+    INTERPRETED_ATTENTION,
+    TORCH_ATTENTION,
+    shim_first_calls,
+    spec_server_args,
+    spec_server_env,
+)
 from support.timings import note
 
 from eagle_gate.goodput import Goodput
@@ -242,6 +248,10 @@ def gated(request, spec_models, test_plugins, tmp_path_factory):
         f"group took {time.monotonic() - t0:.0f} s"
     )
     assert not log_failures(log), log[-4000:]
+    # attention ran on the torch stand-ins throughout (test_cpu_spec_env.py
+    # checks them against the interpreted kernels)
+    shims = shim_first_calls(log)
+    assert TORCH_ATTENTION <= shims and not INTERPRETED_ATTENTION & shims, shims
 
 
 def ids(result: dict) -> list[int]:

@@ -216,6 +216,16 @@ def generate_concurrent(
         return [f.result() for f in futures]
 
 
+#: a speculative server's attention (``EAGLE_GATE_CI_ATTENTION``): the torch
+#: stand-ins of ``ci/cpu_spec`` (the default), or SGLang's own Triton kernels,
+#: interpreted (``triton``): the first calls its log shows
+TORCH_ATTENTION = {"decode_attention_fwd(torch)", "extend_attention_fwd(torch)"}
+INTERPRETED_ATTENTION = {
+    "decode_attention_fwd(interpreted)",
+    "extend_attention_fwd(interpreted)",
+}
+
+
 def shim_first_calls(log_text: str) -> set[str]:
     """Names of the CPU stand-ins a server log shows were called."""
     mark = "first call: "

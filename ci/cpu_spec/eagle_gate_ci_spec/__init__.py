@@ -14,6 +14,10 @@ hooks so every spawned SGLang process gets them too:
   sgl_kernel is not on PyPI), and CPU paths where a kernel dispatcher has no
   CPU branch (0.5.9: the sampled verify's top-k / top-p renormalisation and
   chain speculative sampling, so sampled requests serve; the grammar mask);
+* torch versions of SGLang's two Triton attention kernels, decode and extend
+  (``attention``): interpreted, they were most of a server's step; any call
+  with a feature they do not cover goes to the real kernel, and
+  ``EAGLE_GATE_CI_ATTENTION=triton`` keeps the real kernels throughout;
 * one logic fix for 0.5.23 (the verify tree-mask layout, see
   ``v0_5_23._cpu_tree_mask_mode``), because SGLang's CPU default is the layout of
   another attention backend than the one this CI serves with.
@@ -78,6 +82,8 @@ import os
 import sys
 
 from eagle_gate_ci_spec.core import (
+    ATTENTION,
+    ATTENTION_CHOICES,
     CPU_SEQLENS,
     DP,
     ENABLED,
@@ -94,6 +100,7 @@ from eagle_gate_ci_spec.core import (
 )
 
 __all__ = [
+    "ATTENTION",
     "CPU_SEQLENS",
     "DP",
     "ENABLED",
@@ -115,6 +122,7 @@ VERSION_MODULES = {"0.5.9": "v0_5_9", "0.5.23": "v0_5_23"}
 #: the stand-in modules whose public names this package offers (lazily).
 _STAND_IN_MODULES = (
     "kernels",
+    "attention",
     "v0_5_9_sampling",
     "v0_5_23",
     "v0_5_9",
@@ -158,8 +166,14 @@ def install() -> bool:
         return False
     if os.environ.get("TRITON_INTERPRET") != "1":
         _log("TRITON_INTERPRET is not 1: SGLang's Triton kernels need it on CPU")
+    if ATTENTION not in ATTENTION_CHOICES:
+        raise ValueError(
+            f"EAGLE_GATE_CI_ATTENTION={ATTENTION!r}: allowed "
+            f"{', '.join(ATTENTION_CHOICES)}"
+        )
     hooks = _module(module).hooks()
     hooks.update(_module("gate_probes").hooks())
+    hooks.update(_module("attention").hooks(version))
     _register(hooks)
     _log(f"installed for SGLang {version}")
     return True

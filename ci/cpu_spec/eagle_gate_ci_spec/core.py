@@ -20,6 +20,10 @@ CPU_SEQLENS = {"1": True, "0": False}.get(
 )
 PLAIN_GRAPHS = os.environ.get("EAGLE_GATE_CI_PLAIN_GRAPHS", "")
 PLAIN_TEMPERATURE_FILE = os.environ.get("EAGLE_GATE_CI_PLAIN_TEMPERATURE_FILE", "")
+#: SGLang's Triton attention kernels on CPU: ``torch`` (the stand-ins of
+#: ``attention``) or ``triton`` (the real kernels, interpreted).
+ATTENTION = os.environ.get("EAGLE_GATE_CI_ATTENTION", "torch")
+ATTENTION_CHOICES = ("torch", "triton")
 
 STUB_MARK = "eagle-gate-cpu-stub"  # in the stand-in sgl_kernel's __version__
 PREFIX = "[eagle_gate_ci_spec]"
