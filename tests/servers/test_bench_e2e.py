@@ -47,8 +47,7 @@ def test_bench_tool_against_baseline_eagle3_and_gated_servers(spec_models, tmp_p
         },
     }
     managers = [
-        serve(target, tmp_path / f"{name}.log", ready_timeout_s=400, **how)
-        for name, how in servers.items()
+        serve(target, tmp_path / f"{name}.log", **how) for name, how in servers.items()
     ]
     with serve_together(managers) as started:
         urls = {name: srv.base_url for name, srv in zip(servers, started, strict=True)}

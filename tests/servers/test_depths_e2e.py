@@ -142,7 +142,6 @@ def test_a_schedule_over_every_depth_and_plain_answers_like_no_speculation(
             # runtime changes at the next decode step (the draft-state run)
             env={"EAGLE_GATE_OPS_INTERVAL_S": "0.2", "EAGLE_GATE_CONTROL_EVERY": "1"},
             pythonpath=[*sabotage_paths(), test_plugins],
-            ready_timeout_s=500,
         ),
     ]
     with serve_together(managers) as (baseline, gated):
@@ -229,7 +228,6 @@ def test_goodput_depths_settles_on_the_depth_it_rates_highest(
         args=["--speculative-adaptive", "--speculative-adaptive-config", str(config)],
         env={"EAGLE_GATE_OPS_INTERVAL_S": "0.2"},
         pythonpath=[test_plugins],
-        ready_timeout_s=500,
     ) as srv:
         # a round is ~50 decode steps at batch 6; where goodput's own probes
         # of PLAIN spent the budget a depth probe waits for (on a CPU loaded

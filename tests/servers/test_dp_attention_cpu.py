@@ -115,7 +115,6 @@ def dp_reference(qwen3, tmp_path_factory) -> dict:
         log,
         args=DP,
         env={"EAGLE_GATE_CI_SPEC_LOG": "1", **DP_ENV},
-        ready_timeout_s=400,
     ) as srv:
         out = {
             "stock": answers(srv.base_url, STOCK),
@@ -162,7 +161,6 @@ def test_dp_ranks_gate_together(
         args=DP,
         env=env,
         pythonpath=[test_plugins],
-        ready_timeout_s=500,
     ) as srv:
         got = answers(srv.base_url, GATED)
         time.sleep(1.0)  # the ops threads rewrite the records

@@ -49,7 +49,6 @@ def test_two_dp_replicas_each_gate_their_batches(spec_models, test_plugins, tmp_
         args=["--dp-size", "2", "--load-balance-method", "round_robin"],
         env=extra,
         pythonpath=[test_plugins],
-        ready_timeout_s=500,
     ) as srv:
         got = [r["output_ids"] for r in generate_many(srv.base_url, REQUESTS)]
         time.sleep(1.0)  # the ops threads rewrite the records

@@ -78,7 +78,6 @@ def test_a_pd_decode_server_is_gated(spec_models, test_plugins, tmp_path):
         args=PD,
         env={"EAGLE_GATE_OPS_INTERVAL_S": "0.2"},
         pythonpath=[test_plugins],
-        ready_timeout_s=500,
     ) as srv:
         outputs = [
             generate_decode(srv.base_url, p, 1000 + i) for i, p in enumerate(PROMPTS)

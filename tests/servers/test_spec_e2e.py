@@ -237,7 +237,6 @@ def gated(request, spec_models, test_plugins, tmp_path_factory):
         args=["--enable-metrics"],
         env=extra,
         pythonpath=pythonpath,
-        ready_timeout_s=400,
     ) as srv:
         handle = Gated(config, srv.base_url, srv.log_path, decision_dir, t0)
         startup = srv.startup_s
@@ -847,7 +846,6 @@ def test_sglangs_own_tree_is_gated_with_eager_sync(
         shape=False,
         env=extra,
         pythonpath=[test_plugins],
-        ready_timeout_s=400,
     ) as srv:
         before = scheduler_status(srv.base_url)
         results = generate_many(srv.base_url, requests)

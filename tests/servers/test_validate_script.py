@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import sglang_env
 from support.gated_server import with_pythonpath
-from support.server import cpu_server_args
+from support.server import READY_TIMEOUT_S, cpu_server_args
 from support.spec_server import TRITON_CPU_ARGS, spec_server_env
 from support.timings import note
 
@@ -61,7 +61,7 @@ def test_validate_script_reports_identity_acceptance_and_cost(
         "--prompts", "2", "--max-new-tokens", "12", "--switch-every", "3",
         "--strategies", "eager", "--concurrency", "1", "--no-eager-plain",
         "--no-graph-fallback", "--depths", DEPTHS,
-        "--startup-timeout", "400", "--out", str(out_dir),
+        "--startup-timeout", str(READY_TIMEOUT_S), "--out", str(out_dir),
         "--", *cpu_flags(target),
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)

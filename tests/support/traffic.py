@@ -128,14 +128,12 @@ def traffic_servers(spec_models, test_plugins, tmp_path_factory) -> Iterator:
             gate_args=gate_args,
             env=genv,
             pythonpath=[test_plugins],
-            ready_timeout_s=400,
         ),
         serve(
             target,
             root / "baseline.log",
             args=TRAFFIC_BASELINE_ARGS,
             env=TRITON_CPU_ENV,
-            ready_timeout_s=400,
         ),
     ]
     # both start at once (their imports and loads overlap)
