@@ -4,7 +4,7 @@ A server without speculation, a stock EAGLE-3 server and a gated one (SGLang's
 real speculative path on CPU, see ``support.spec_server``), two small
 concurrencies: the bench tool drives ``sglang.bench_serving`` against each and
 prints its table with ratios to the first server. The numbers describe a tiny
-model under the Triton interpreter, nothing more.
+model on CPU stand-ins, nothing more.
 
 It runs once, in the SGLang 0.5.23 environment: ``sglang.bench_serving``
 imports ``datasets``, and the ``datasets`` release that pip resolves beside

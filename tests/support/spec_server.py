@@ -10,7 +10,9 @@ speculative). Two kinds of server, both built on ``support.server``
   TARGET_VERIFY, draft extend) on the Triton attention backend, whose kernels
   run under the Triton interpreter, with the CPU stand-ins of
   ``ci/cpu_spec/eagle_gate_ci_spec`` switched on (the CI environments import
-  that package from the checkout; ``.ci/make-sglang-env.sh`` writes its .pth).
+  that package from the checkout; ``.ci/make-sglang-env.sh`` writes its .pth):
+  its two attention kernels as torch stand-ins unless
+  ``EAGLE_GATE_CI_ATTENTION=triton`` (``INTERPRETED_ATTENTION`` below).
 
 ``launcher`` picks ``"sglang"`` (stock ``python -m sglang.launch_server``,
 entry-point plugins off) or ``"gate"`` (``python -m eagle_gate.launch``, with
@@ -82,7 +84,7 @@ def _set_flag(args: list[str], flag: str, value: str) -> list[str]:
 
 #: what Triton attention needs on CPU besides ``--attention-backend triton``:
 #: no CUDA graphs, and one KV split (the interpreted decode kernel is ~1.5x
-#: faster) ...
+#: faster; the torch stand-in ignores it) ...
 TRITON_CPU_ARGS = ("--disable-cuda-graph", "--triton-attention-num-kv-splits", "1")
 #: ... and in the environment: Triton interpreted, the CPU stand-ins of
 #: ``ci/cpu_spec`` on (every speculative server, and baselines that share
