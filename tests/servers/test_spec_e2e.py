@@ -367,11 +367,14 @@ def test_abort_during_a_plain_stretch_leaks_nothing(reference, gated):
     leak stops the server) finds every KV slot and request slot free again,
     so the token pool's free size is back where it started."""
     set_policy(gated.base_url, "never")
+    first_step = int(scheduler_status(gated.base_url)["step"])
     with ThreadPoolExecutor(2) as pool:
         victim = pool.submit(generate, gated.base_url, "abort me please", 400,
                              rid="victim")  # fmt: skip
         keeper = pool.submit(generate, gated.base_url, *KEEPER)
-        time.sleep(4.0)
+        # a few PLAIN steps in (by steps, not seconds: the keeper is still
+        # decoding on a fast machine, the victim already has its KV)
+        wait_for_step(gated.base_url, first_step + 3)
         assert abort(gated.base_url, "victim") == 200
         kept = keeper.result()
         aborted = victim.result()

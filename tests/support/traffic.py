@@ -65,9 +65,10 @@ TRAFFIC_DEPTHS = (1, 2, 3)
 #: the baseline's attention: the gated server's (the Triton backend, one KV
 #: split, with the CPU stand-ins, its two attention kernels in torch:
 #: ``support.spec_server``'s ``TRITON_CPU_*``), not the other baselines'
-#: torch_native, so that sampled tokens are compared through the same kernels. At the sampling test's
-#: temperature (0.04) the two backends' rounding on near-tied logits moved a
-#: token's share enough to reach p 0.0016 and 0.00099 (alpha 0.001) in two
+#: torch_native, so that sampled tokens are compared through the same
+#: kernels. At the sampling test's temperature (0.04) two backends' rounding
+#: on near-tied logits (interpreted Triton against torch_native, then) moved
+#: a token's share enough to reach p 0.0016 and 0.00099 (alpha 0.001) in two
 #: of seven runs.
 TRAFFIC_BASELINE_ARGS = ("--attention-backend", "triton", *TRITON_CPU_ARGS)
 
