@@ -96,9 +96,12 @@ run_suite() {
 # 2,788-3,169), not in every session (about 85 s of a core each).
 # test_pd_decode.py (about 100 s) went back to the rest sessions: in a run of
 # 2026-12-07 the 0.5.23 spec session ran 3,873 s, its rest session 3,680.
+# With the attention stand-ins (2026-12-07) a full run here took 0.5.9 spec
+# 1,154 s, rest 1,641, 0.5.23 spec 1,546, rest 1,884: test_validate_script.py
+# (216 s and 142 s) joins the spec sessions.
 SPEC_MODULES=(tests/servers/test_spec_e2e.py tests/servers/test_mtp_e2e.py
   tests/servers/test_dp_replicas.py tests/servers/test_depths_e2e.py
-  tests/servers/test_glm_moe_e2e.py)
+  tests/servers/test_glm_moe_e2e.py tests/servers/test_validate_script.py)
 UNIT_TIER=tests/unit
 shard=0
 if [ "$fast" = 0 ] && [ "$#" = 0 ] && [ "${EAGLE_GATE_SHARDS:-1}" != 0 ]; then
