@@ -60,13 +60,12 @@ KERNEL_MODULES = {
 
 
 def _plain_buffers(*tensors) -> bool:
-    """3-D token-major KV buffers of a float type torch matmuls as is."""
+    """3-D token-major float32 tensors. In half precision the kernels round
+    the probabilities to the value type before the second product, which a
+    float32 softmax would not: those calls go to the real kernel."""
     import torch
 
-    return all(
-        t.dim() == 3 and t.dtype in (torch.float32, torch.float16, torch.bfloat16)
-        for t in tensors
-    )
+    return all(t.dim() == 3 and t.dtype == torch.float32 for t in tensors)
 
 
 def _attend(q, k, v, sm_scale, visible=None):
