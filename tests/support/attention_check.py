@@ -3,10 +3,10 @@ kernels, interpreted, on the same random inputs.
 
 Run as ``python -m support.attention_check`` (``PYTHONPATH=tests``) with
 ``TRITON_INTERPRET=1`` and ``EAGLE_GATE_CI_ATTENTION=triton`` (the real
-kernels stay unpatched in this process): prints one JSON object, each case's
-largest absolute difference between the stand-in's output and the kernel's,
-and the stand-ins' call counts (a case the stand-in declined would show as
-``interpreted``). The cases are the shapes the CI servers run (head dim 16, 4
+kernels stay unpatched in this process): prints one JSON object, the SGLang
+version, the kernel's tile height and each case's largest absolute difference
+between the stand-in's output and the kernel's (a case the stand-in declines
+fails an assertion instead). The cases are the shapes the CI servers run (head dim 16, 4
 heads, MHA and 2-way GQA, float32): decode over ragged lengths; extend with
 a prefix, causal; extend without a prefix, not causal; the verify's tree
 mask (custom mask, causal, prefix unmasked) over more rows than one tile, so
