@@ -18,7 +18,7 @@ import math
 import warnings
 
 from eagle_gate.goodput_accept import PREDICTED_REQUESTS, GoodputAcceptance
-from eagle_gate.goodput_estimates import FAST_REQUESTS, Level, StepTime
+from eagle_gate.goodput_estimates import FAST_REQUESTS, SLOPE_PRIOR, Level, StepTime
 from eagle_gate.goodput_report import GoodputReport
 from eagle_gate.goodput_settings import GOODPUT_SETTINGS
 from eagle_gate.goodput_switch import MIN_DWELL, GoodputSwitching
@@ -76,9 +76,9 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
     __slots__ = (
         "max_explore_share", "explore_cost", "stale_steps", "switch_overhead",
         "switch_cost", "probe_steps", "home", "switches", "_times", "_acc",
-        "_p1", "_p1_ref", "_first_spec", "_req_spec", "_first_plain",
-        "_req_plain", "_accept", "_s", "_resync_rel", "_switch_rel",
-        "_n_resync", "_dwell", "_margin", "_switch_step", "_entry_step",
+        "_p1", "_p1_ref", "_req_plain", "_accept", "_s", "_resync_rel",
+        "_switch_rel", "_n_resync", "_dwell", "_margin", "_exp_margin_lo",
+        "_exp_margin_hi", "_switch_step", "_entry_step",
         "_last", "_probe_left", "_probe_mode", "_credit", "_credit_cap",
         "_decided", "_probed", "_prev_mode", "_next_check", "_lean",
         "_change_step", "_change_gap", "_refill", "_check_a", "_check_p",
@@ -123,12 +123,15 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
         self._p1 = Level(0.25)  # first-position agreement, PLAIN side (eager;
         # a 0/1 sample per request: variance at most 1/4)
         self._p1_ref = 0.0  # _p1 at the last SPEC step (0: too few samples)
-        # lifetime first-position counts, SPEC and PLAIN side (reporting)
-        self._first_spec = self._req_spec = self._first_plain = self._req_plain = 0
+        # requests of PLAIN steps that carried the draft's matches (0: PLAIN
+        # is blind, lazy or none sync). The lifetime first-position
+        # acceptance of either side is the gate's to count (the status's
+        # first_position_acceptance, for every policy), not the policy's.
+        self._req_plain = 0
         self._accept = 0.0  # A for the decision (0: not measured)
         self._s = 3  # draft tokens per SPEC step (num_draft_tokens - 1)
         self._resync_rel = _RESYNC_PRIOR
-        self._update_switch_costs()  # _switch_rel, _dwell, _margin
+        self._update_switch_costs()  # _switch_rel, _dwell, _margin, _exp_margin_*
         self._switch_step = self._entry_step = -(1 << 62)
         self._last = [-(1 << 62), -(1 << 62)]  # step of each mode's last sample
         self._probe_mode = self._prev_mode = self.home
@@ -169,9 +172,12 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
             # priced, and looked for, at another batch
             self._probe_left = 0
         home = self.home
-        away = _PLAIN if home is _SPEC else _SPEC
-        fit_h = self._times[home]
-        fit_a = self._times[away]
+        if home is _SPEC:  # (unpacked: indexing by an IntEnum is slow)
+            away = _PLAIN
+            fit_h, fit_a = self._times
+        else:
+            away = _SPEC
+            fit_a, fit_h = self._times
         accept = self._accept
         if fit_a.w == 0.0 or accept == 0.0 or fit_h.w == 0.0:
             # cold: measure the home mode first, then take a first look at
@@ -207,8 +213,7 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
         t_a = fit_a.a + fit_a.c * b
         if t_a < fit_a.floor:
             t_a = fit_a.floor
-        db = b - fit_a.mb
-        far = db > fit_a.reach or db < -fit_a.reach
+        far = b > fit_a.hi or b < fit_a.lo
         if far:
             # far from every batch the other mode ran at: its time there is
             # the home mode's times its ratio to it where it did run
@@ -220,19 +225,23 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
             if away is _PLAIN or b < mb or t_r > t_a:
                 t_a = t_r
         step = view.step
-        margin = self._margin
+        # the gain, a log, is taken only where it is used (a log costs ~4% of
+        # a step): its tests against the margin test its ratio, exp(gain)
         if home is _SPEC:
-            gain = _log(accept * t_a / t_h)  # SPEC's log gain over PLAIN
+            ratio = accept * t_a / t_h  # SPEC's gain over PLAIN is its log
+            behind = ratio < self._exp_margin_lo  # (the gain below -margin)
         else:
-            gain = -_log(accept * t_h / t_a)  # PLAIN's, from PLAIN
-            if self._ahead >= 0 and gain > margin:
+            ratio = accept * t_h / t_a  # PLAIN's gain is minus its log
+            if self._ahead >= 0 and ratio < self._exp_margin_lo:
                 # SPEC behind by the margin, as when it is left: a run ends
                 self._end_run(step)
+            behind = ratio > self._exp_margin_hi  # (the gain below -margin)
         # switch: leaving SPEC costs nothing now; entering it pays a resync,
         # so SPEC is entered at most once per dwell, where it stays ahead
         # long enough to gain that back (and no switch follows another
         # within MIN_DWELL steps, the outcomes' delay)
-        if gain < -margin:
+        if behind:  # the home mode is behind by the margin
+            gain = _log(ratio) if home is _SPEC else -_log(ratio)
             if home is _PLAIN and self._ahead < 0:
                 self._ahead = step  # SPEC ahead from here (a run begins)
             if (
@@ -267,6 +276,7 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
             # began) would turn the decision
             self._lean = False
             acc = self._acc
+            margin = self._margin
             if home is _PLAIN and acc.up_s * t_h >= acc.up_n * t_a * (1.0 - margin):
                 n = self.probe_steps
                 long_cost = (_LONG_PROBE * n + self._resync_rel) * t_a
@@ -276,12 +286,14 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
         # pay for a short one
         if step >= self._next_check and self._credit >= self._credit_cap * _SHORT_SHARE:
             self._next_check = step + _CHECK_EVERY
+            gain = _log(ratio) if home is _SPEC else -_log(ratio)
+            margin = self._margin
             n = self.probe_steps
-            t_s = t_a if away is _SPEC else t_h  # (the resync is a SPEC step's)
-            rr = self._switch_rel * t_s  # what the switch costs
-            long_cost = _LONG_PROBE * n * t_a + self._resync_rel * t_s
-            reserve = 0.0
-            se2 = fit_a.res * fit_a.leverage(b) + fit_h.res * fit_h.leverage(b)
+            # (fit.leverage(b) of both, inlined: the hot path)
+            db = b - fit_a.mb
+            dh = b - fit_h.mb
+            se2 = fit_a.res * (1.0 + db * db / (fit_a.vb + SLOPE_PRIOR)) / fit_a.w
+            se2 += fit_h.res * (1.0 + dh * dh / (fit_h.vb + SLOPE_PRIOR)) / fit_h.w
             if home is _PLAIN:
                 # a look at SPEC that could not turn the decision were every
                 # draft accepted and SPEC's step 2 standard errors faster
@@ -304,15 +316,10 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
                 self._refill = False
                 if uncertain and home is _PLAIN:  # (it buys SPEC samples)
                     self._credit = self._credit_cap
-            if uncertain:
-                # uncertain: a long probe (more samples per resync); a short
-                # first look where the other mode never ran at such a batch
-                if not far and self._prov is not True:
-                    n *= _LONG_PROBE
-            else:
+            if not uncertain:
                 # clear: re-probe once stale, and when the probe's expected
                 # loss is at most explore_cost of the time since the last
-                # sample; keep one uncertain probe's worth of budget
+                # sample (below); keep one uncertain probe's worth of budget
                 age = step - self._last[away]
                 gap = self._change_gap
                 # blind (lazy/none sync) where acceptance changes: a two-step
@@ -323,6 +330,17 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
                     n = 2
                 elif age < self.stale_steps:
                     return home
+            # (priced only now: most checks end above)
+            t_s = t_a if away is _SPEC else t_h  # (the resync is a SPEC step's)
+            rr = self._switch_rel * t_s  # what the switch costs
+            long_cost = _LONG_PROBE * self.probe_steps * t_a + self._resync_rel * t_s
+            reserve = 0.0
+            if uncertain:
+                # uncertain: a long probe (more samples per resync); a short
+                # first look where the other mode never ran at such a batch
+                if not far and self._prov is not True:
+                    n *= _LONG_PROBE
+            else:
                 lost = n * t_a * (1.0 - math.exp(-gain)) + rr
                 if (
                     age * age * gain * t_h < 2.0 * gap * lost
@@ -368,15 +386,16 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
     # -- learning -------------------------------------------------------------
 
     def observe(self, outcome: StepOutcome) -> None:
-        b = outcome.batch_size
-        if b <= 0:
+        n_req = outcome.batch_size
+        if n_req <= 0:
             return
+        b = float(n_req)  # (once for every estimator: float-only arithmetic)
         mode = outcome.mode
         prev = self._prev_mode
         self._prev_mode = mode
         dt = outcome.interval_s
         if mode is _SPEC or mode == 0:
-            mode = _SPEC
+            i = 0  # (Mode.SPEC: an int index, indexing by an IntEnum is slow)
             acc = self._acc
             if prev is not _SPEC:
                 self._rebase(acc)
@@ -397,8 +416,6 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
                 self._p1_ref = 0.0
             elif acc.up > _LEAN and self.home is _PLAIN:
                 self._lean = True
-            self._first_spec += b - outcome.accept_lens.count(1)
-            self._req_spec += b
             # the acceptance as measured, and the PLAIN-side first-position
             # acceptance it goes with (the reference for PLAIN-side changes)
             self._accept = acc.slow
@@ -438,11 +455,10 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
                 self._prov = False
                 fit.__init__()
         else:
-            mode = _PLAIN
+            i = 1  # (Mode.PLAIN)
             m = outcome.draft_matches
             if m is not None:
-                self._first_plain += m
-                self._req_plain += b
+                self._req_plain += n_req
                 p1 = self._p1
                 changed = p1.add(m / b, b)
                 if changed:
@@ -463,10 +479,10 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
                 return
             fit = self._times[1]
         fit.add(b, dt)
-        self._last[mode] = outcome.step
-        self._credit += self.max_explore_share * dt
-        if self._credit > self._credit_cap:
-            self._credit = self._credit_cap
+        self._last[i] = outcome.step
+        credit = self._credit + self.max_explore_share * dt
+        cap = self._credit_cap
+        self._credit = credit if credit < cap else cap
 
 
 @hookimpl

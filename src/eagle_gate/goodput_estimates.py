@@ -16,7 +16,17 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["FAST_REQUESTS", "SLOW_REQUESTS", "Z_CHANGE2", "Level", "StepTime", "depth"]
+_sqrt = math.sqrt
+
+__all__ = [
+    "FAST_REQUESTS",
+    "SLOPE_PRIOR",
+    "SLOW_REQUESTS",
+    "Z_CHANGE2",
+    "Level",
+    "StepTime",
+    "depth",
+]
 
 #: requests behind a level restarted from a prediction (the PLAIN side's),
 #: and the samples a reference needs before it is trusted.
@@ -45,6 +55,7 @@ _CUSUM_H = 8.0
 #: a step's deviation counts at most this many standard errors: at least
 #: 6 steps make a change, however far one of them lies.
 _Z_CLIP = 2.0
+_Z_CLIP_NEG = -_Z_CLIP
 #: a level's variance is floored here (constant samples, e.g. every draft
 #: agreeing, must not make the next deviation infinitely significant).
 _VAR_FLOOR = 1e-4
@@ -55,13 +66,16 @@ _FORGET = 1.0 - 1.0 / _FIT_SAMPLES
 #: prior variance of the batch size (requests^2) in the slope: while the
 #: batch hardly varies, the slope shrinks to 0 (flat in the batch); small,
 #: as a prediction far from the fit's batches is not used (see leverage).
-_SLOPE_PRIOR = 0.1
+SLOPE_PRIOR = 0.1
 #: a fit's line is solved again every this many samples of its mode.
 _SOLVE_EVERY = 4
+_SOLVE_W = float(_SOLVE_EVERY)  # (a float compares faster with a float)
 #: squared relative noise of one step time, assumed until measured.
 _RES_PRIOR = 0.1 * 0.1
 #: weight of one residual in a fit's noise estimate.
 _RES_WEIGHT = 1.0 / 32.0
+#: the weight of the one residual a solve takes in (for every sample since)
+_RES_STEP = _RES_WEIGHT * _SOLVE_EVERY
 #: a prediction is floored at this share of the fit's mean step time (a line
 #: extrapolated to small batches must not reach 0).
 _FLOOR = 0.02
@@ -84,15 +98,16 @@ class Level:
         self.restarts = 0
         self.forget()
 
-    def add(self, mean: float, b: int) -> bool:
+    def add(self, mean: float, b: float) -> bool:
         """Fold in ``b`` requests whose samples average ``mean``; True when
-        the mean restarted (a change)."""
+        the mean restarted (a change). ``b`` is best a float (an int works;
+        float-only arithmetic is faster than mixed, and the hot caller
+        converts it once for this and :meth:`StepTime.add`)."""
         n = self.n
         if n == 0.0:
             self.slow = mean
             self.n = b if b < SLOW_REQUESTS else SLOW_REQUESTS
             return False
-        b = float(b)  # (exact; float-only arithmetic is faster than mixed)
         slow = self.slow
         d = mean - slow
         var = self.var
@@ -103,11 +118,11 @@ class Level:
         if var < _VAR_FLOOR:
             var = _VAR_FLOOR
         self.var = var
-        z = d / math.sqrt(var * (1.0 / b + 1.0 / n))
+        z = d / _sqrt(var * (1.0 / b + 1.0 / n))
         if z > _Z_CLIP:  # (one odd step is no change: skewed samples,
             z = _Z_CLIP  # e.g. a miss where 85% of drafts agree, count
-        elif z < -_Z_CLIP:  # at most this much)
-            z = -_Z_CLIP
+        elif z < _Z_CLIP_NEG:  # at most this much)
+            z = _Z_CLIP_NEG
         c = self.up + z - _CUSUM_K
         if c > 0.0:
             self.up = c
@@ -128,11 +143,12 @@ class Level:
                 return True
         elif self.dn:
             self.dn = self.dn_s = self.dn_n = 0.0
-        n += b
-        if n > SLOW_REQUESTS:
-            n = SLOW_REQUESTS
+        if n < SLOW_REQUESTS:  # (else it stays there)
+            n += b
+            if n > SLOW_REQUESTS:
+                n = SLOW_REQUESTS
+            self.n = n
         self.slow = slow + b / n * d
-        self.n = n
         return False
 
     def forget(self) -> None:
@@ -158,12 +174,13 @@ class StepTime:
 
     __slots__ = (
         "w", "sb", "sbb", "st", "sbt", "k",
-        "a", "c", "mb", "vb", "res", "floor", "reach",
+        "a", "c", "mb", "vb", "res", "floor", "reach", "lo", "hi",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self.w = self.sb = self.sbb = self.st = self.sbt = 0.0
         self.a = self.c = self.mb = self.vb = self.floor = self.reach = 0.0
+        self.lo = self.hi = 0.0  # mb -+ reach (the hot paths' range tests)
         self.res = _RES_PRIOR
         self.k = 0
 
@@ -178,10 +195,11 @@ class StepTime:
         the mean batch, more the farther ``b`` lies from it (least squares'
         leverage). Above 1: less than one sample's worth (far)."""
         d = b - self.mb
-        return (1.0 + d * d / (self.vb + _SLOPE_PRIOR)) / self.w
+        return (1.0 + d * d / (self.vb + SLOPE_PRIOR)) / self.w
 
-    def add(self, b: int, dt: float) -> None:
-        b = float(b)  # (exact; float-only arithmetic is faster than mixed)
+    def add(self, b: float, dt: float) -> None:
+        """Fold in one step of batch ``b`` (best a float, as for
+        :meth:`Level.add`) that took ``dt`` seconds."""
         f = _FORGET
         self.w = w = self.w * f + 1.0
         self.sb = self.sb * f + b
@@ -190,31 +208,30 @@ class StepTime:
         self.sbt = self.sbt * f + b * dt
         k = self.k + 1
         self.k = k
-        if (
-            k % _SOLVE_EVERY
-            and w > _SOLVE_EVERY
-            and -self.reach < b - self.mb < self.reach
-        ):
+        if k % _SOLVE_EVERY and w > _SOLVE_W and self.lo < b < self.hi:
             return  # (a sample beyond the line's reach is solved at once)
-        if w > 1.0 and -self.reach < b - self.mb < self.reach:
+        if w > 1.0 and self.lo < b < self.hi:
             # the noise, from this sample against the line so far (not a
             # sample beyond its reach: that miss is the line's, not noise)
             t = self.a + self.c * b  # (predict(b), inlined)
             r = dt / (t if t > self.floor else self.floor) - 1.0
-            self.res += _RES_WEIGHT * _SOLVE_EVERY * (r * r - self.res)
+            self.res += _RES_STEP * (r * r - self.res)
         mb = self.sb / w
         mt = self.st / w
         vb = self.sbb / w - mb * mb
         if vb < 0.0:
             vb = 0.0
-        c = (self.sbt / w - mb * mt) / (vb + _SLOPE_PRIOR)
+        vp = vb + SLOPE_PRIOR
+        c = (self.sbt / w - mb * mt) / vp
         self.a = mt - c * mb
         self.c = c
         self.mb = mb
         self.vb = vb
         self.floor = _FLOOR * mt
         # batches within ``reach`` of the mean have leverage <= 1
-        self.reach = math.sqrt((w - 1.0) * (vb + _SLOPE_PRIOR))
+        self.reach = reach = _sqrt((w - 1.0) * vp)
+        self.lo = mb - reach
+        self.hi = mb + reach
 
 
 def depth(p: float, s: int) -> float:

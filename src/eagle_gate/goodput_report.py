@@ -25,10 +25,6 @@ class GoodputReport:
     _accept: float
     _acc: Any
     _p1: Any
-    _first_spec: int
-    _req_spec: int
-    _first_plain: int
-    _req_plain: int
     _resync_rel: float
     _switch_rel: float
     _dwell: int
@@ -46,8 +42,6 @@ class GoodputReport:
         out = {
             "accept_length": float(self._accept),
             "accept_length_spec": float(self._acc.slow),
-            "first_accept_spec": float(self._first_spec / (self._req_spec or 1)),
-            "first_accept_plain": float(self._first_plain / (self._req_plain or 1)),
             "first_accept_plain_now": float(self._p1.slow),
             "acceptance_restarts": float(self._acc.restarts + self._p1.restarts),
             "resync_rel": float(self._resync_rel),

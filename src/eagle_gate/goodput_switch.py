@@ -27,6 +27,8 @@ MIN_DWELL = 3
 _STAY_WEIGHT = 0.25
 #: weight of one interval between acceptance changes in their EMA.
 _GAP_WEIGHT = 0.25
+#: exp() of more than this overflows a float.
+_EXP_MAX = 700.0
 
 
 class GoodputSwitching:
@@ -46,6 +48,8 @@ class GoodputSwitching:
     _switch_rel: float
     _dwell: int
     _margin: float
+    _exp_margin_lo: float
+    _exp_margin_hi: float
     _check_a: float
     _accept: float
     _acc: Level
@@ -117,4 +121,8 @@ class GoodputSwitching:
             rr = self.switch_cost
         self._switch_rel = rr
         self._dwell = max(MIN_DWELL, math.ceil(rr / self.switch_overhead))
-        self._margin = rr / self.stale_steps
+        self._margin = margin = rr / self.stale_steps
+        # (the gain's tests against +-margin, taken on its ratio: no log; a
+        # margin past exp's range, from a huge switch_cost, is never reached)
+        self._exp_margin_lo = math.exp(-margin)
+        self._exp_margin_hi = math.exp(margin) if margin < _EXP_MAX else math.inf
