@@ -55,7 +55,7 @@ _CUSUM_H = 8.0
 #: a step's deviation counts at most this many standard errors: at least
 #: 6 steps make a change, however far one of them lies.
 _Z_CLIP = 2.0
-_Z_CLIP_NEG = -_Z_CLIP
+_Z_CLIP_NEG = -_Z_CLIP  # (negated once, not at every step)
 #: a level's variance is floored here (constant samples, e.g. every draft
 #: agreeing, must not make the next deviation infinitely significant).
 _VAR_FLOOR = 1e-4
