@@ -193,7 +193,9 @@ class StepTime:
     def leverage(self, b: int) -> float:
         """1 / the samples' worth behind ``predict(b)``: 1 / their weight at
         the mean batch, more the farther ``b`` lies from it (least squares'
-        leverage). Above 1: less than one sample's worth (far)."""
+        leverage). Above 1: less than one sample's worth (far). Inlined in
+        ``Goodput.decide``'s probe check (the hot path): a change here goes
+        there too."""
         d = b - self.mb
         return (1.0 + d * d / (self.vb + SLOPE_PRIOR)) / self.w
 

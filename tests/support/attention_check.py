@@ -6,11 +6,12 @@ Run as ``python -m support.attention_check`` (``PYTHONPATH=tests``) with
 kernels stay unpatched in this process): prints one JSON object, the SGLang
 version, the kernel's tile height and each case's largest absolute difference
 between the stand-in's output and the kernel's (a case the stand-in declines
-fails an assertion instead). The cases are the shapes the CI servers run (head dim 16, 4
-heads, MHA and 2-way GQA, float32): decode over ragged lengths; extend with
-a prefix, causal; extend without a prefix, not causal; the verify's tree
-mask (custom mask, causal, prefix unmasked) over more rows than one tile, so
-the kernel's tile bound counts; a custom mask over the prefix too.
+fails an assertion instead). The cases are the shapes the CI servers run
+(head dim 16, 4 heads, MHA and 2-way GQA, float32): decode over ragged
+lengths; extend with a prefix, causal; extend without a prefix, not causal;
+the verify's tree mask (custom mask, causal, prefix unmasked) over more rows
+than one tile, so the kernel's tile bound counts; a custom mask over the
+prefix too.
 """
 
 from __future__ import annotations
