@@ -46,6 +46,9 @@ shallowest other depth known only by its prior that could is probed (the
 prior is tightest there; ``probe_steps``, on until two steps were timed, at
 most ``_PROBE_MAX`` times that; paid from ``goodput``'s budget, only while
 it is at least ``_DEPTH_CREDIT`` full: ``goodput``'s own probes come first).
+Where no prior wins, the shallowest depth between two lines is probed where
+the middle of its bounds would (the chord above, the segment below extended:
+costs grow convexly with the depth), at its loss, once per ``_RIVAL_GAP``.
 No move from SPEC while its acceptance rests on a prediction.
 
 Where outcomes carry no per-position counts the layer stays at the
@@ -102,7 +105,8 @@ _PROBE_MAX = 3
 #: POS_MIN requests): without, depth 1 held the high phase of acc-down b1
 #: seed 25 at 0.901 x depth-oracle (depth 3 rated 6% ahead, within the
 #: noise of positions nothing sampled); at 64 steps acc-up b1 lost 0.1%
-#: more over seeds 0-39 (probes that paid nothing back).
+#: more over seeds 0-39 (probes that paid nothing back). Likewise a depth
+#: between two lines (see _choose).
 _RIVAL_GAP = 256
 
 
@@ -226,7 +230,8 @@ class GoodputDepths(DepthEstimates, Goodput):
         # the best depth of all, the best measured one (known), the best
         # measured one but home (alt), and the best with a line near b or
         # the shallowest (what PLAIN looks at)
-        best = best_k = best_p = alt = 0
+        best = best_k = best_p = alt = mid = 0
+        t_mid = 0.0  # (mid: the shallowest depth but home between two lines)
         lo, t_lo, lo2, t_lo2 = 0, t_p, 0, t_p  # the two deepest lines so far
         for i, d in enumerate(depths):
             t = line[d]
@@ -240,13 +245,20 @@ class GoodputDepths(DepthEstimates, Goodput):
                 t = t_p
                 lined = True
             else:
-                lined = (
-                    False  # a depth not run near b: a prior from the lines around it
-                )
+                lined = False  # not run near b: a prior from the lines around
                 for hi in depths[i + 1 :]:
                     t_hi = line[hi]
                     if t_hi:  # between two lines (PLAIN as depth 0): the chord
                         t = t_lo + (t_hi - t_lo) * (d - lo) / (hi - lo)
+                        if not mid and d != home:
+                            # the chord is an upper bound where the cost grows
+                            # convexly with the depth, the segment below
+                            # extended a lower one: its time lies between
+                            t_min = t_p
+                            if lo:
+                                t_min = t_lo + (t_lo - t_lo2) * (d - lo) / (lo - lo2)
+                            mid = d
+                            t_mid = 0.5 * (t + (t_min if t_min > t_p else t_p))
                         break
                 else:
                     if not lo:
@@ -309,6 +321,23 @@ class GoodputDepths(DepthEstimates, Goodput):
                 n = math.ceil(POS_MIN / b)
                 return self._paid_probe(alt, loss * exp[alt] / rate[alt], n)
         if best == best_k or rate[best] <= bar:
+            # no prior beats the home depth; a depth between two lines whose
+            # time at the middle of its bounds would is probed, at what it
+            # is expected to lose, once per _RIVAL_GAP steps: the chord alone
+            # never looked at depth 3 on single-gpu-8b C=70, 4.5% below the
+            # chord of depths 1 and 5 and 3% ahead of depth 1 (0.964 x
+            # depth-oracle); the lower bound alone probed it at C=250, where
+            # it takes 2.3x depth 1's time (0.959 on seed 2)
+            if (
+                mid
+                and exp[mid] > bar * t_mid
+                and step - self._d_last[mid] >= _RIVAL_GAP
+                and self._credit >= _DEPTH_CREDIT * self._credit_cap
+            ):
+                loss = 1.0 - rate[mid] / rate[home]
+                if loss < _PROBE_LOSS_FLOOR:
+                    loss = _PROBE_LOSS_FLOOR
+                return self._paid_probe(mid, loss * exp[mid] / rate[mid])
             return 0
         if best == depths[0] and not line[best]:
             # the shallowest depth, never run near b, could win: tried by

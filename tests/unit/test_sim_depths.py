@@ -262,6 +262,33 @@ def test_goodput_depths_reaches_the_depth_oracle_at_c250_on_single_gpu_8b():
     assert gd >= 0.98 * dor, gd / dor
 
 
+def test_a_depth_between_two_lines_is_looked_at_where_it_could_win():
+    # single-gpu-8b C=70: depth 3 takes 4.5% less than the chord of depths 1
+    # and 5 says (its prior; the cost is convex in the depth) and is 3% ahead
+    # of depth 1. Judged by the chord alone it was never run: 0.963 x
+    # depth-oracle on seed 0 (0.964 over seeds 0-4); probed where the middle
+    # of its bounds wins, it becomes home: 0.997 (0.992)
+    from eagle_gate.goodput_depths import GoodputDepths
+
+    prof, sc = _quick_row("single-gpu-8b", "grid", "C=70")
+    gd = _tok(prof, sc, GoodputDepths())
+    dor = _tok(prof, sc, DepthOracleMean())
+    assert gd >= 0.98 * dor, gd / dor
+
+
+def test_a_depth_between_two_lines_is_not_probed_where_its_middle_loses():
+    # single-gpu-8b C=250, seed 2: depth 3 takes 2.3x depth 1's time. The
+    # chord of depths 1 and 5 and the segment PLAIN-depth 1 extended bracket
+    # it (1.3-2.8x PLAIN); probed where the lower bound wins, its 9 steps
+    # cost 2% of the run (0.959 x depth-oracle, 0.976 without)
+    from eagle_gate.goodput_depths import GoodputDepths
+
+    prof, sc = _quick_row("single-gpu-8b", "grid", "C=250", seed=2)
+    spy = Spy(GoodputDepths())
+    Simulator(prof, sc).run(spy)
+    assert {o.depth for o in spy.outcomes if o.mode is Mode.SPEC} == {1, 5}
+
+
 def test_goodput_depths_beats_sglang_ema_where_ema_beats_goodput():
     # close-plain-3 at C=32: sglang-ema 2,226 tok/s against goodput's 2,268
     # and PLAIN's 2,267... and depth 1's 2,481: goodput-depths runs depth 1
