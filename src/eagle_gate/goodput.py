@@ -139,7 +139,7 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
         self._n_resync = self._probe_left = self._next_check = 0
         self._decided = self._probed = 0
         self._lean = False  # a SPEC probe leans towards a rise (go on)
-        self._refill = False  # the PLAIN side detected a change (decide pays)
+        self._refill = False  # a PLAIN-side change or a depth move (decide pays)
         # the SPEC estimate and PLAIN reference before a SPEC-side change
         self._check_a = self._check_p = 0.0
         self._stay = float(self.stale_steps)  # steps SPEC stays ahead
@@ -283,8 +283,10 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
                 if self._afford((n + self._switch_rel) * t_a, 0.0, long_cost):
                     return self._probe(_SPEC, n, b)
         # a probe? looked at every _CHECK_EVERY steps, when the budget could
-        # pay for a short one
-        if step >= self._next_check and self._credit >= self._credit_cap * _SHORT_SHARE:
+        # pay for a short one or a refill is due (it may pay one)
+        if step >= self._next_check and (
+            self._credit >= self._credit_cap * _SHORT_SHARE or self._refill
+        ):
             self._next_check = step + _CHECK_EVERY
             gain = _log(ratio) if home is _SPEC else -_log(ratio)
             margin = self._margin
@@ -295,10 +297,9 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
             se2 = fit_a.res * (1.0 + db * db / (fit_a.vb + SLOPE_PRIOR)) / fit_a.w
             se2 += fit_h.res * (1.0 + dh * dh / (fit_h.vb + SLOPE_PRIOR)) / fit_h.w
             if home is _PLAIN:
-                # a look at SPEC that could not turn the decision were every
-                # draft accepted and SPEC's step 2 standard errors faster
-                # (what its lines say) does not pay its resync: not even
-                # under lazy sync, where a look also checks acceptance
+                # a look at SPEC that could not turn the decision were every draft
+                # accepted and SPEC's step 2 standard errors faster (what its lines
+                # say) does not pay its resync: not even under lazy sync
                 top = _log((self._s + 1) * t_h / t_a) + _Z_PROBE * math.sqrt(se2)
                 if (
                     top < margin or top * self._stay_left(step) < self._switch_rel
@@ -312,7 +313,7 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
             uncertain = g * g < _Z_PROBE * _Z_PROBE * se2 and (
                 home is _PLAIN or self._acc.n >= 2.0 * PREDICTED_REQUESTS
             )
-            if self._refill:  # a PLAIN-side change: refill where it can pay
+            if self._refill:  # a change (or a depth move): refill where it can pay
                 self._refill = False
                 if uncertain and home is _PLAIN:  # (it buys SPEC samples)
                     self._credit = self._credit_cap
@@ -322,16 +323,15 @@ class Goodput(GoodputAcceptance, GoodputSwitching, GoodputReport):
                 # sample (below); keep one uncertain probe's worth of budget
                 age = step - self._last[away]
                 gap = self._change_gap
-                # blind (lazy/none sync) where acceptance changes: a two-step
-                # look once not looking (a change per ``gap`` steps, seen
-                # ``age`` late) loses more than the look
+                # blind (lazy/none sync) where acceptance changes: a two-step look
+                # once not looking (a change per gap steps, seen age late) loses
+                # more than the look
                 blind = home is _PLAIN and self._p1_ref == 0.0 and gap
                 if blind:
                     n = 2
                 elif age < self.stale_steps:
                     return home
-            # (priced only now: most checks end above)
-            t_s = t_a if away is _SPEC else t_h  # (the resync is a SPEC step's)
+            t_s = t_a if away is _SPEC else t_h  # (priced only now; a resync is SPEC's)
             rr = self._switch_rel * t_s  # what the switch costs
             long_cost = _LONG_PROBE * self.probe_steps * t_a + self._resync_rel * t_s
             reserve = 0.0

@@ -100,13 +100,10 @@ _PROBE_LOSS_FLOOR = 0.05
 #: a depth probe runs at most this many times probe_steps (while it times
 #: nothing: see _depth_probe; 4 cost more than the timing it bought).
 _PROBE_MAX = 3
-#: at batch 1 or 2 a rival depth within the noise is probed at most once
-#: per this many steps since it last ran (a probe long enough to bring
-#: POS_MIN requests): without, depth 1 held the high phase of acc-down b1
-#: seed 25 at 0.901 x depth-oracle (depth 3 rated 6% ahead, within the
-#: noise of positions nothing sampled); at 64 steps acc-up b1 lost 0.1%
-#: more over seeds 0-39 (probes that paid nothing back). Likewise a depth
-#: between two lines (see _choose).
+#: at batch 1 or 2 a rival depth within the noise (a probe long enough to
+#: bring POS_MIN requests), and a depth between two lines, is probed at most
+#: once per this many steps since it ran (docs/goodput.md: without, acc-down
+#: b1 seed 25 held depth 1 at 0.901 x depth-oracle; 64 cost acc-up b1 0.1%).
 _RIVAL_GAP = 256
 
 
@@ -146,8 +143,7 @@ class GoodputDepths(DepthEstimates, Goodput):
         self._dprobe_left = self._dprobe_depth = self._next_depth = 0
         # a depth probe runs until its line holds this many samples (two more
         # timed ones), past probe_steps at this time per step from the budget
-        self._dprobe_w = 0
-        self._dprobe_t = 0.0
+        self._dprobe_w, self._dprobe_t = 0, 0.0
         self._dprobe_n = self.probe_steps  # (its steps: _paid_probe's)
 
     def _setup(self, view: StepView) -> None:
@@ -284,9 +280,17 @@ class GoodputDepths(DepthEstimates, Goodput):
             # from PLAIN: SPEC means the depth that looks best of those run
             # near b and the shallowest (goodput's own probes of SPEC then
             # measure it); a deeper depth never run is looked at from SPEC
-            # (a lower bound on its time must not pick it from PLAIN)
+            # (a lower bound on its time must not pick it from PLAIN). A move
+            # to a depth not run near b nor for stale_steps asks goodput for
+            # a refill, as a change does (close-plain-1 C=4..64 seed 2: depth
+            # 1 first ran at batch 12-48 ~1,000 steps after it became home)
             if best_p != home and rate[best_p] > bar:
                 self._set_depth(best_p)
+                if (
+                    not known[best_p]
+                    and step - self._d_last[best_p] >= self.stale_steps
+                ):
+                    self._refill = True
             return 0
         if self._acc.n < 2.0 * PREDICTED_REQUESTS:
             # SPEC's acceptance rests mostly on a prediction (just after a
@@ -322,12 +326,8 @@ class GoodputDepths(DepthEstimates, Goodput):
                 return self._paid_probe(alt, loss * exp[alt] / rate[alt], n)
         if best == best_k or rate[best] <= bar:
             # no prior beats the home depth; a depth between two lines whose
-            # time at the middle of its bounds would is probed, at what it
-            # is expected to lose, once per _RIVAL_GAP steps: the chord alone
-            # never looked at depth 3 on single-gpu-8b C=70, 4.5% below the
-            # chord of depths 1 and 5 and 3% ahead of depth 1 (0.964 x
-            # depth-oracle); the lower bound alone probed it at C=250, where
-            # it takes 2.3x depth 1's time (0.959 on seed 2)
+            # time at the middle of its bounds would is probed (at its loss;
+            # docs/goodput.md says why the middle: single-gpu-8b C=70, C=250)
             if (
                 mid
                 and exp[mid] > bar * t_mid

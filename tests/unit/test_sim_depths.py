@@ -289,6 +289,19 @@ def test_a_depth_between_two_lines_is_not_probed_where_its_middle_loses():
     assert {o.depth for o in spy.outcomes if o.mode is Mode.SPEC} == {1, 5}
 
 
+@pytest.mark.parametrize(("name", "seed"), [("close-plain-1", 2), ("close-spec-3", 4)])
+def test_a_move_to_a_depth_not_run_near_the_batch_buys_a_look(name, seed):
+    # C=4..64: from PLAIN, depth 1 becomes home at a batch it never ran at,
+    # but goodput's budget, drained by a look at depth 3, paid its first look
+    # there ~1,000 steps later: 0.951 and 0.959 x fixed depth 1. The move
+    # asks goodput for a refill, as a detected change does: 0.992, 0.991
+    from eagle_gate.goodput_depths import GoodputDepths
+
+    prof, sc = _quick_row(name, "close", "C=4..64", seed=seed)
+    gd = _tok(prof, sc, GoodputDepths())
+    assert gd >= 0.98 * _tok(prof, sc, FixedDepth(1))
+
+
 def test_goodput_depths_beats_sglang_ema_where_ema_beats_goodput():
     # close-plain-3 at C=32: sglang-ema 2,226 tok/s against goodput's 2,268
     # and PLAIN's 2,267... and depth 1's 2,481: goodput-depths runs depth 1
