@@ -49,7 +49,8 @@ it is at least ``_DEPTH_CREDIT`` full: ``goodput``'s own probes come first).
 Where no prior wins, the shallowest depth between two lines is probed where
 the middle of its bounds would (the chord above, the segment below extended:
 costs grow convexly with the depth), at its loss, once per ``_RIVAL_GAP``.
-No move from SPEC while its acceptance rests on a prediction.
+No move from SPEC while its acceptance rests on a prediction; after a move
+SPEC runs on until it no longer does (``_HOLD_REQUESTS``).
 
 Where outcomes carry no per-position counts the layer stays at the
 configured depth. The hot path allocates nothing: per-position counts are
@@ -105,6 +106,12 @@ _PROBE_MAX = 3
 #: once per this many steps since it ran (docs/goodput.md: without, acc-down
 #: b1 seed 25 held depth 1 at 0.901 x depth-oracle; 64 cost acc-up b1 0.1%).
 _RIVAL_GAP = 256
+#: after a move from SPEC, SPEC runs on until the moved-to depth's
+#: acceptance, restarted from the depths' prediction, has this many requests
+#: behind it: the prediction can be several percent low, and goodput left
+#: SPEC on it (close-plain-3 C=4..64 0.990 -> 0.995 of max, long-context
+#: ramp 0.988 -> 0.997).
+_HOLD_REQUESTS = 2.0 * PREDICTED_REQUESTS
 
 
 class GoodputDepths(DepthEstimates, Goodput):
@@ -116,7 +123,7 @@ class GoodputDepths(DepthEstimates, Goodput):
         "_depth", "_depths", "_d_times", "_d_acc", "_d_last", "_pos_n",
         "_pos_m", "_pend", "_pend_b", "_pend_h", "_q", "_exp", "_rate",
         "_known", "_line", "_r", "_dprobe_left", "_dprobe_depth", "_dprobe_w",
-        "_dprobe_t", "_next_depth", "_dprobe_n",
+        "_dprobe_t", "_next_depth", "_dprobe_n", "_hold",
     )  # fmt: skip
 
     def __init__(self, **settings: object) -> None:
@@ -145,6 +152,7 @@ class GoodputDepths(DepthEstimates, Goodput):
         # timed ones), past probe_steps at this time per step from the budget
         self._dprobe_w, self._dprobe_t = 0, 0.0
         self._dprobe_n = self.probe_steps  # (its steps: _paid_probe's)
+        self._hold = False  # SPEC held after a move (see _HOLD_REQUESTS)
 
     def _setup(self, view: StepView) -> None:
         depths = view.depths
@@ -188,6 +196,11 @@ class GoodputDepths(DepthEstimates, Goodput):
         if self._depth:
             # (before goodput decides: a cold start reads the depth there)
             view.depth = self._depth
+            if self._hold:  # (see _HOLD_REQUESTS)
+                if self._acc.n < _HOLD_REQUESTS and self.home is _SPEC:
+                    self._decided += 1
+                    return _SPEC
+                self._hold = False
         return _decide(self, view)
 
     def _choose(self, b: int, step: int) -> int:
@@ -306,6 +319,7 @@ class GoodputDepths(DepthEstimates, Goodput):
             lead = math.log(rate[alt] / rate[home]) - _DEPTH_MOVE - _Z_DEPTH * se
             if lead > 0.0:
                 self._set_depth(alt)
+                self._hold = True
                 return 0
             if (
                 lead > -2.0 * _Z_DEPTH * se
@@ -419,21 +433,6 @@ class GoodputDepths(DepthEstimates, Goodput):
         self.switches += 1
 
     # -- learning -------------------------------------------------------------
-
-    def depth_rates(self) -> dict[int, float]:
-        """Expected output tokens/s per timed depth at the home depth's mean
-        batch (empty before any is known): read by the ops thread, so it
-        changes nothing the decisions use."""
-        home = self._d_times.get(self._depth)
-        if home is None or home.w == 0.0 or self._accept <= 0.0:
-            return {}
-        exp = self._exp
-        b = max(1, round(home.mb))
-        return {
-            d: exp[d] / fit.predict(b)
-            for d, fit in self._d_times.items()
-            if fit.w > 0.0 and fit.predict(b) > 0.0
-        }
 
     def estimates(self) -> dict[str, float]:
         """``goodput``'s, and with several depths the home depth and each

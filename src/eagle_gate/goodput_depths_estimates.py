@@ -4,7 +4,8 @@ accepted drafts and those of them that accepted the ``j``-th, scaled so
 that the home depth's expected tokens match ``goodput``'s acceptance
 (``_fit``); how sure a comparison of two depths is (``_comparison_se``: the
 step-time lines' noise and the positions' between them); what a detected change
-leaves of the counts (``_forget_positions``). A mix-in (its state is
+leaves of the counts (``_forget_positions``); each timed depth's tokens/s for
+the status (``depth_rates``). A mix-in (its state is
 declared in ``goodput_depths``); docs/goodput.md, "Draft depths in the
 simulator", says why each is there. No SGLang or torch import.
 """
@@ -118,6 +119,21 @@ class DepthEstimates:
             tot += reach
             exp[j] = tot
         return True
+
+    def depth_rates(self) -> dict[int, float]:
+        """Expected output tokens/s per timed depth at the home depth's mean
+        batch (empty before any is known): read by the ops thread, so it
+        changes nothing the decisions use."""
+        home = self._d_times.get(self._depth)
+        if home is None or home.w == 0.0 or self._accept <= 0.0:
+            return {}
+        exp = self._exp
+        b = max(1, round(home.mb))
+        return {
+            d: exp[d] / fit.predict(b)
+            for d, fit in self._d_times.items()
+            if fit.w > 0.0 and fit.predict(b) > 0.0
+        }
 
     def _comparison_se(self, d: int, b: int) -> float:
         """The standard error of depth ``d``'s log tokens/s against the home
