@@ -106,11 +106,11 @@ _PROBE_MAX = 3
 #: once per this many steps since it ran (docs/goodput.md: without, acc-down
 #: b1 seed 25 held depth 1 at 0.901 x depth-oracle; 64 cost acc-up b1 0.1%).
 _RIVAL_GAP = 256
-#: after a move from SPEC, SPEC runs on until the moved-to depth's
-#: acceptance, restarted from the depths' prediction, has this many requests
-#: behind it: the prediction can be several percent low, and goodput left
-#: SPEC on it (close-plain-3 C=4..64 0.990 -> 0.995 of max, long-context
-#: ramp 0.988 -> 0.997).
+#: below this many requests SPEC's acceptance rests mostly on a prediction:
+#: no move from SPEC then, and after a move SPEC runs on until the moved-to
+#: depth's acceptance (restarted from the depths' prediction, which can be
+#: several percent low: goodput left SPEC on it) has them (close-plain-3
+#: C=4..64 0.990 -> 0.995 of max, long-context ramp 0.988 -> 0.997).
 _HOLD_REQUESTS = 2.0 * PREDICTED_REQUESTS
 
 
@@ -305,7 +305,7 @@ class GoodputDepths(DepthEstimates, Goodput):
                 ):
                     self._refill = True
             return 0
-        if self._acc.n < 2.0 * PREDICTED_REQUESTS:
+        if self._acc.n < _HOLD_REQUESTS:
             # SPEC's acceptance rests mostly on a prediction (just after a
             # switch or a move): the depths' figures scale from it, and a
             # deep depth's are the most sensitive to it; wait for samples
@@ -333,11 +333,8 @@ class GoodputDepths(DepthEstimates, Goodput):
             ):
                 # within the lines' noise: a probe, paid at what its steps
                 # are expected to lose against the home depth
-                loss = 1.0 - rate[alt] / rate[home]
-                if loss < _PROBE_LOSS_FLOOR:
-                    loss = _PROBE_LOSS_FLOOR
                 n = math.ceil(POS_MIN / b)
-                return self._paid_probe(alt, loss * exp[alt] / rate[alt], n)
+                return self._paid_probe(alt, self._loss_time(alt), n)
         if best == best_k or rate[best] <= bar:
             # no prior beats the home depth; a depth between two lines whose
             # time at the middle of its bounds would is probed (at its loss;
@@ -348,10 +345,7 @@ class GoodputDepths(DepthEstimates, Goodput):
                 and step - self._d_last[mid] >= _RIVAL_GAP
                 and self._credit >= _DEPTH_CREDIT * self._credit_cap
             ):
-                loss = 1.0 - rate[mid] / rate[home]
-                if loss < _PROBE_LOSS_FLOOR:
-                    loss = _PROBE_LOSS_FLOOR
-                return self._paid_probe(mid, loss * exp[mid] / rate[mid])
+                return self._paid_probe(mid, self._loss_time(mid))
             return 0
         if best == depths[0] and not line[best]:
             # the shallowest depth, never run near b, could win: tried by
@@ -370,6 +364,13 @@ class GoodputDepths(DepthEstimates, Goodput):
                 best = d
                 break
         return self._paid_probe(best, exp[best] / rate[best])
+
+    def _loss_time(self, d: int) -> float:
+        """What a step of depth ``d`` is expected to lose against the home
+        depth (at least ``_PROBE_LOSS_FLOOR`` of its time), at the last look."""
+        rate = self._rate
+        loss = 1.0 - rate[d] / rate[self._depth]
+        return max(loss, _PROBE_LOSS_FLOOR) * self._exp[d] / rate[d]
 
     def _paid_probe(self, depth: int, t: float, n: int = 0) -> int:
         """``depth`` where the budget pays a probe of it at ``t`` per step
